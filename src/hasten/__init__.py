@@ -1,0 +1,21 @@
+"""hasten: run one plain PyTorch script on one CPU, one GPU, many processes or many machines.
+
+The public names match Hugging Face Accelerate's, so ``from accelerate import X`` becomes
+``from hasten import X``. Names are imported lazily from the module that defines them.
+"""
+from .utils._lazy import build_table, lazy_exports
+
+__version__ = "0.1.0"
+
+_EXPORTS = build_table({
+    "hasten.state": ["PartialState", "AcceleratorState", "GradientState"],
+    "hasten.config.enums": ["DistributedType", "RNGType", "PrecisionType", "DynamoBackend", "LoggerType"],
+    "hasten.utils.operations": ["gather", "gather_object", "broadcast", "broadcast_object_list", "reduce",
+                                "pad_across_processes", "send_to_device"],
+    "hasten.utils.random": ["set_seed", "synchronize_rng_states"],
+    "hasten.utils.memory": ["find_executable_batch_size"],
+    "hasten.logging": ["get_logger"],
+})
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS) + ["__version__"]

@@ -1,0 +1,426 @@
+"""Who am I, which device, which process group: the process state shared by everything in a run.
+
+``PartialState`` reads the launch environment (torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` variables,
+set by ``hasten launch``), initialises ``torch.distributed`` once (gloo on CPU, nccl on CUDA) and answers
+questions about the current process. Like Accelerate's, every instance shares one state, so it can be
+created anywhere. ``AcceleratorState`` adds the training settings; ``GradientState`` tracks gradient
+accumulation and the end of data loaders.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import os
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from .config.enums import DistributedType, PrecisionType
+from .config.resolution import resolve
+from .utils.environment import env_name, get_int_from_env, is_debug_mode, parse_flag_from_env
+
+__all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized"]
+
+
+def is_initialized() -> bool:
+    """Whether an ``AcceleratorState`` has been created in this process."""
+    return AcceleratorState._shared_state != {}
+
+
+def _accelerator_device_type() -> Optional[str]:
+    """The accelerator this process can use, or None on a CPU-only machine."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return None
+
+
+_MULTI_TYPE = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU, "cpu": DistributedType.MULTI_CPU}
+_BACKEND = {"cuda": "nccl", "xpu": "xccl", "cpu": "gloo"}
+
+
+class PartialState:
+    """The process state without training settings: ranks, device, process group.
+
+    Parameters:
+        cpu: force the CPU even when an accelerator is present (also ``HASTEN_USE_CPU=1``).
+        **kwargs: passed to ``torch.distributed.init_process_group`` (``backend``, ``timeout``, ``init_method``).
+    """
+
+    _shared_state: dict = {}
+    _known_attrs = [
+        "_cpu", "backend", "device", "distributed_type", "num_processes", "process_index",
+        "local_process_index", "fork_launched", "debug",
+    ]
+
+    def __init__(self, cpu: bool = False, **kwargs):
+        self.__dict__ = self._shared_state
+        if self.initialized:
+            if cpu and self.device.type != "cpu":
+                raise ValueError(
+                    "PartialState was already created on "
+                    f"{self.device}; PartialState(cpu=True) cannot move it. Create the first state (or the "
+                    "Accelerator) with cpu=True, or launch with `hasten launch --cpu`."
+                )
+            return
+        self._cpu = bool(cpu) or parse_flag_from_env(env_name("use_cpu"))
+        self.debug = is_debug_mode()
+        self.fork_launched = parse_flag_from_env("FORK_LAUNCHED", False)
+        device_type = "cpu" if self._cpu else (_accelerator_device_type() or "cpu")
+        world_size = get_int_from_env(["WORLD_SIZE"], 1)
+        already = dist.is_available() and dist.is_initialized()
+        if already:
+            world_size = dist.get_world_size()
+        self.num_processes = world_size
+        self.process_index = dist.get_rank() if already else get_int_from_env(["RANK"], 0)
+        self.local_process_index = get_int_from_env(["LOCAL_RANK"], 0 if not already else self.process_index)
+        self.backend = None
+        self.distributed_type = DistributedType.NO
+        if world_size > 1:
+            if device_type not in _MULTI_TYPE:
+                device_type = "cpu"  # e.g. MPS has no multi-process backend
+            if not already:
+                self._init_process_group(device_type, kwargs)
+            self.backend = dist.get_backend()
+            self.distributed_type = _MULTI_TYPE[device_type]
+        if device_type == "cpu":
+            self.device = torch.device("cpu")
+        elif device_type == "mps":
+            self.device = torch.device("mps")
+        else:
+            self.device = torch.device(device_type, self.local_process_index)
+            getattr(torch, device_type).set_device(self.device)
+
+    def _init_process_group(self, device_type: str, kwargs: dict) -> None:
+        if "MASTER_ADDR" not in os.environ and kwargs.get("init_method") is None:
+            raise RuntimeError(
+                f"WORLD_SIZE={self.num_processes} is set but MASTER_ADDR is not: this process was not started "
+                "by a launcher. Start the script with `hasten launch -n N script.py` (or torchrun)."
+            )
+        options = dict(kwargs)
+        options.setdefault("backend", _BACKEND[device_type])
+        timeout = options.pop("timeout", None)
+        if timeout is not None:
+            options["timeout"] = timeout if isinstance(timeout, datetime.timedelta) else datetime.timedelta(seconds=timeout)
+        if options["backend"] == "nccl" and device_type == "cuda":
+            options.setdefault("device_id", torch.device("cuda", self.local_process_index))
+        dist.init_process_group(rank=self.process_index, world_size=self.num_processes, **options)
+
+    # ------------------------------------------------------------------ facts
+    def __repr__(self) -> str:
+        return (
+            f"Distributed environment: {self.distributed_type}{('  Backend: ' + self.backend) if self.backend else ''}\n"
+            f"Num processes: {self.num_processes}\nProcess index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\nDevice: {self.device}\n"
+        )
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the shared state (tests); the process group, if any, stays up."""
+        PartialState._shared_state.clear()
+
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state != {}
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process takes part."""
+        return self.distributed_type != DistributedType.NO and self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def default_device(self) -> torch.device:
+        """The device this process would use with no ``cpu`` override."""
+        kind = _accelerator_device_type()
+        if kind in (None, "mps"):
+            return torch.device(kind or "cpu")
+        return torch.device(kind, self.local_process_index)
+
+    # ------------------------------------------------------------------ synchronisation
+    def wait_for_everyone(self) -> None:
+        """Barrier: every process waits here until all have arrived."""
+        if self.use_distributed:
+            if self.backend == "nccl":
+                dist.barrier(device_ids=[self.local_process_index])
+            else:
+                dist.barrier()
+
+    @contextlib.contextmanager
+    def _goes_first(self, is_main: bool):
+        if not is_main:
+            self.wait_for_everyone()
+        yield
+        if is_main:
+            self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def main_process_first(self):
+        """The main process runs the block first (e.g. to download or preprocess); the others then follow."""
+        with self._goes_first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self):
+        """Like ``main_process_first``, once per machine."""
+        with self._goes_first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs, apply_padding: bool = False):
+        """Yield this process's contiguous share of ``inputs`` (list, tuple, dict of sequences, tensor).
+
+        Shares differ by at most one element, the first processes taking the extra ones. With
+        ``apply_padding`` every share is padded with the last element to the same length, so results can be
+        gathered; drop the padding afterwards.
+        """
+        yield split_for_process(inputs, self.num_processes, self.process_index, apply_padding)
+
+    # ------------------------------------------------------------------ decorators and printing
+    def on_main_process(self, function: Callable = None):
+        """Decorator: run ``function`` on the main process only (others get None)."""
+        return self._only_if(lambda: self.is_main_process, function)
+
+    def on_local_main_process(self, function: Callable = None):
+        """Decorator: run ``function`` on the main process of each machine only."""
+        return self._only_if(lambda: self.is_local_main_process, function)
+
+    def on_last_process(self, function: Callable = None):
+        """Decorator: run ``function`` on the last process only."""
+        return self._only_if(lambda: self.is_last_process, function)
+
+    def on_process(self, function: Callable = None, process_index: int = None):
+        """Decorator: run ``function`` on the process with global index ``process_index`` only."""
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        self._check_index(process_index, "process_index")
+        return self._only_if(lambda: self.process_index == process_index, function)
+
+    def on_local_process(self, function: Callable = None, local_process_index: int = None):
+        """Decorator: run ``function`` on the process with local index ``local_process_index`` only."""
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        self._check_index(local_process_index, "local_process_index")
+        return self._only_if(lambda: self.local_process_index == local_process_index, function)
+
+    @staticmethod
+    def _check_index(index, name: str) -> None:
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {index!r}.")
+
+    @staticmethod
+    def _only_if(condition: Callable[[], bool], function: Optional[Callable]):
+        if function is None:  # used as @state.on_main_process()
+            return lambda fn: PartialState._only_if(condition, fn)
+
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            if condition():
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper
+
+    def print(self, *args, **kwargs) -> None:
+        """``print`` once per machine (on the local main process)."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def destroy_process_group(self, group=None) -> None:
+        """Tear down the process group (at the end of a run); safe to call when none exists."""
+        if self.use_distributed and dist.is_initialized():
+            dist.destroy_process_group(group)
+
+    def set_device(self) -> None:
+        """Make ``self.device`` the current device of its kind (no-op on CPU)."""
+        if self.device.type not in ("cpu", "mps"):
+            getattr(torch, self.device.type).set_device(self.device)
+
+    def __getattr__(self, name: str):
+        if name in self._known_attrs:
+            raise AttributeError(
+                f"`PartialState` has no attribute {name!r} yet: create `PartialState()` (or the Accelerator) "
+                "before using it."
+            )
+        raise AttributeError(f"'PartialState' object has no attribute {name!r}")
+
+
+def split_for_process(inputs, num_processes: int, process_index: int, apply_padding: bool = False):
+    """The contiguous share of ``inputs`` that belongs to ``process_index`` (see ``split_between_processes``)."""
+    if num_processes == 1:
+        return inputs
+    if isinstance(inputs, dict):
+        lengths = {key: len(value) for key, value in inputs.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(
+                f"split_between_processes needs every value of the dict to have the same length; got {lengths}."
+            )
+        return type(inputs)(
+            (key, split_for_process(value, num_processes, process_index, apply_padding)) for key, value in inputs.items()
+        )
+    if not hasattr(inputs, "__len__") or not hasattr(inputs, "__getitem__"):
+        raise TypeError(
+            f"split_between_processes takes a list, tuple, dict or tensor, got {type(inputs).__name__}."
+        )
+    length = len(inputs)
+    per_process, extras = divmod(length, num_processes)
+    start = process_index * per_process + min(process_index, extras)
+    end = start + per_process + (1 if process_index < extras else 0)
+    share = inputs[start:end]
+    if not apply_padding or length == 0:
+        return share
+    target = per_process + (1 if extras else 0)
+    missing = target - (end - start)
+    if missing == 0:
+        return share
+    if isinstance(inputs, torch.Tensor):
+        return torch.cat([share, inputs[-1:].expand(missing, *inputs.shape[1:])], dim=0)
+    filler = [inputs[-1]] * missing
+    return share + type(share)(filler) if isinstance(share, tuple) else share + filler
+
+
+class AcceleratorState:
+    """``PartialState`` plus the training settings (mixed precision, plugins). One per run, shared.
+
+    The training-core issue fills in the plugins; this class already resolves ``mixed_precision`` with the
+    one precedence rule (argument > ``HASTEN_MIXED_PRECISION`` > default ``"no"``).
+    """
+
+    _shared_state: dict = {}
+    _known_attrs = PartialState._known_attrs + ["mixed_precision", "dynamo_plugin", "deepspeed_plugins", "fsdp_plugin",
+                                                "megatron_lm_plugin"]
+
+    def __init__(self, mixed_precision: str = None, cpu: bool = False, dynamo_plugin=None, deepspeed_plugin=None,
+                 fsdp_plugin=None, torch_tp_plugin=None, megatron_lm_plugin=None, _from_accelerator: bool = False,
+                 **kwargs):
+        self.__dict__ = self._shared_state
+        if self.initialized:
+            if mixed_precision is not None and PrecisionType.parse(mixed_precision, "mixed_precision") != self.mixed_precision:
+                raise ValueError(
+                    f"AcceleratorState already exists with mixed_precision={self.mixed_precision!r}; it cannot be "
+                    f"changed to {mixed_precision!r}. Call AcceleratorState._reset_state() first (tests only)."
+                )
+            return
+        self._partial = PartialState(cpu, **kwargs)
+        value, _ = resolve(
+            "mixed_precision", mixed_precision, argument_name="mixed_precision=",
+            default=PrecisionType.NO, parse=lambda v: PrecisionType.parse(v, "mixed_precision"),
+        )
+        self.mixed_precision = PrecisionType(value).value
+        self.dynamo_plugin = dynamo_plugin
+        self.deepspeed_plugins = deepspeed_plugin
+        self.fsdp_plugin = fsdp_plugin
+        self.torch_tp_plugin = torch_tp_plugin
+        self.megatron_lm_plugin = megatron_lm_plugin
+
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state != {}
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        AcceleratorState._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+    def __getattr__(self, name: str):
+        # Process facts (device, ranks, collectives) live in PartialState; answer them from there.
+        if name.startswith("__") or name in ("_partial", "_shared_state"):
+            raise AttributeError(name)
+        partial = self.__dict__.get("_partial")
+        if partial is None:
+            raise AttributeError(
+                f"`AcceleratorState` has no attribute {name!r} yet: create the Accelerator (or AcceleratorState()) first."
+            )
+        return getattr(partial, name)
+
+    def __repr__(self) -> str:
+        return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\n"
+
+
+class GradientState:
+    """Gradient-accumulation and data-loader progress, shared by the Accelerator, loaders and scheduler."""
+
+    _shared_state: dict = {}
+
+    def __init__(self, gradient_accumulation_plugin=None):
+        self.__dict__ = self._shared_state
+        if not self.initialized:
+            self.sync_gradients = True
+            self.active_dataloader = None
+            self.dataloader_references = [None]
+            self.plugin_kwargs = {}
+        if gradient_accumulation_plugin is not None:
+            self.plugin_kwargs = gradient_accumulation_plugin.to_kwargs()
+        self._initialized = True
+
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state.get("_initialized", False)
+
+    @property
+    def num_steps(self) -> int:
+        return self.plugin_kwargs.get("num_steps", 1)
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        return self.plugin_kwargs.get("adjust_scheduler", False)
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return self.plugin_kwargs.get("sync_with_dataloader", True)
+
+    @property
+    def sync_each_batch(self) -> bool:
+        return self.plugin_kwargs.get("sync_each_batch", False)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """Whether the active loader has yielded its last batch."""
+        return getattr(self.active_dataloader, "end_of_dataloader", False) if self.active_dataloader else False
+
+    @property
+    def remainder(self) -> int:
+        """Samples of the last global batch that are real (not even_batches duplicates); -1 when unknown."""
+        return getattr(self.active_dataloader, "remainder", -1) if self.active_dataloader else -1
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self.active_dataloader is not None
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = sync_gradients
+
+    def _add_dataloader(self, dataloader) -> None:
+        self.active_dataloader = dataloader
+        self.dataloader_references.append(dataloader)
+
+    def _remove_dataloader(self, dataloader) -> None:
+        self.dataloader_references.remove(dataloader)
+        self.active_dataloader = self.dataloader_references[-1]
+
+    @staticmethod
+    def _reset_state() -> None:
+        GradientState._shared_state.clear()
+
+    def __repr__(self) -> str:
+        return (
+            f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
+            f"Extra samples added: {self.remainder}\nGradient accumulation plugin: {self.plugin_kwargs}\n"
+        )

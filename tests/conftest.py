@@ -1,0 +1,24 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Tests must never think they were launched: drop launcher variables inherited from a shell.
+for _key in list(os.environ):
+    if _key.startswith("HASTEN_") or _key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(_key)
+
+
+@pytest.fixture(autouse=True)
+def fresh_state():
+    """Every test starts and ends with no shared process / accelerator / gradient state."""
+    from hasten.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()

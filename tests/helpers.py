@@ -1,0 +1,57 @@
+"""Shared test helpers: launching multi-process scripts with ``hasten launch``."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DISTRIBUTED = ROOT / "tests" / "distributed"
+_LOCK = Path(os.environ.get("HASTEN_TEST_LOCK", "/tmp/hasten-multiprocess-tests.lock"))
+
+
+@contextlib.contextmanager
+def _one_multiprocess_job_at_a_time():
+    """This machine has 2 cores: two multi-process jobs at once would only make both slow and flaky."""
+    with open(_LOCK, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def clean_env(**extra) -> dict:
+    """The current environment without launcher variables (so a test is never 'already launched')."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("HASTEN_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                         "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_launch(script, *script_args, num_processes: int = 2, launch_args=(), timeout: float = 240,
+               env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``hasten launch -n N [launch_args] script [script_args]`` and return the finished process.
+
+    ``script`` is a path or a file name under tests/distributed/. With ``check`` a non-zero exit fails the
+    test and shows the job's output.
+    """
+    path = Path(script)
+    if not path.is_absolute() and not path.exists():
+        path = DISTRIBUTED / path
+    command = [sys.executable, "-m", "hasten", "launch", "-n", str(num_processes), *launch_args, str(path),
+               *map(str, script_args)]
+    with _one_multiprocess_job_at_a_time():
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                                env=env if env is not None else clean_env(), cwd=ROOT)
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(command)} exited with {result.returncode}\n--- stdout\n{result.stdout[-6000:]}\n"
+            f"--- stderr\n{result.stderr[-10000:]}"
+        )
+    return result
