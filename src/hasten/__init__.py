@@ -15,6 +15,13 @@ _EXPORTS = build_table({
     "hasten.utils.random": ["set_seed", "synchronize_rng_states"],
     "hasten.utils.memory": ["find_executable_batch_size"],
     "hasten.logging": ["get_logger"],
+    "hasten.config.data": ["DataLoaderConfiguration"],
+    "hasten.data.resume": ["skip_first_batches"],
+    "hasten.big_modeling.init_context": ["init_empty_weights", "init_on_device"],
+    "hasten.big_modeling.dispatch": ["cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
+                                     "load_checkpoint_and_dispatch"],
+    "hasten.big_modeling.device_map": ["infer_auto_device_map"],
+    "hasten.big_modeling.loading": ["load_checkpoint_in_model"],
 })
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

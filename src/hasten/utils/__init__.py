@@ -25,6 +25,14 @@ _EXPORTS = build_table({
     "hasten.utils.imports": ["is_deepspeed_available", "is_bnb_available", "is_torchdata_stateful_dataloader_available",
                              "is_megatron_lm_available", "is_tensorboard_available", "is_wandb_available",
                              "is_mlflow_available", "is_torchao_available", "require_extra"],
+    "hasten.config.data": ["DataLoaderConfiguration"],
+    "hasten.big_modeling.sizes": ["compute_module_sizes", "get_max_layer_size", "get_max_memory", "get_balanced_memory",
+                                  "convert_file_size_to_int", "dtype_byte_size"],
+    "hasten.big_modeling.device_map": ["infer_auto_device_map", "check_device_map"],
+    "hasten.big_modeling.loading": ["load_state_dict", "load_checkpoint_in_model", "set_module_tensor_to_device"],
+    "hasten.big_modeling.offload": ["offload_state_dict", "load_offloaded_weights", "OffloadedWeightsLoader",
+                                    "offload_weight"],
+    "hasten.big_modeling.tied": ["find_tied_parameters", "retie_parameters"],
 })
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
