@@ -15,6 +15,7 @@ _EXPORTS = build_table({
     "hasten.utils.random": ["set_seed", "synchronize_rng_states"],
     "hasten.utils.memory": ["find_executable_batch_size"],
     "hasten.logging": ["get_logger"],
+    "hasten.launchers": ["notebook_launcher", "debug_launcher"],
     "hasten.config.data": ["DataLoaderConfiguration"],
     "hasten.data.resume": ["skip_first_batches"],
     "hasten.big_modeling.init_context": ["init_empty_weights", "init_on_device"],

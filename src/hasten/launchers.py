@@ -1,0 +1,93 @@
+"""Start a training *function* on several processes from Python (a notebook, a test), not from the shell.
+
+``notebook_launcher`` and ``debug_launcher`` hand the work to torchrun's elastic agent
+(``torch.distributed.launcher.api.elastic_launch``), the same engine ``hasten launch`` uses.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+from .config.enums import PrecisionType
+from .utils.environment import env_name, patch_environment
+from .utils.network import find_free_port, is_port_in_use
+
+__all__ = ["notebook_launcher", "debug_launcher"]
+
+
+def _default_start_method() -> str:
+    """fork where it exists and is safe (it also works for functions defined in a notebook), else spawn."""
+    import torch
+
+    if sys.platform == "win32":
+        return "spawn"
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "CUDA was already initialised in this process, so worker processes cannot be forked. Restart the "
+            "notebook and call notebook_launcher before anything touches the GPU (no tensor on 'cuda', no "
+            "Accelerator() in the notebook itself)."
+        )
+    return "fork"
+
+
+def notebook_launcher(function: Callable, args=(), num_processes=None, mixed_precision="no", use_port="29500",
+                      master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
+                      rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
+                      log_line_prefix_template=None, start_method=None):
+    """Run ``function(*args)`` on ``num_processes`` processes of this machine (default: one per GPU, else 1).
+
+    Works on CPU-only machines too (gloo). ``use_port="0"`` picks a free port; a busy port is an error.
+    Returns what ``function`` returned on each local process, as a dict ``{local_rank: value}``, when more
+    than one process ran, else the value itself.
+    """
+    import torch
+    import torch.distributed as dist
+
+    precision = PrecisionType.parse(mixed_precision, "mixed_precision").value
+    if num_processes is None:
+        num_processes = torch.cuda.device_count() or 1
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be a positive int, got {num_processes!r}.")
+    if num_processes == 1 and num_nodes == 1:
+        with patch_environment(**{env_name("mixed_precision"): precision}):
+            return function(*args)
+    if dist.is_available() and dist.is_initialized():
+        raise RuntimeError(
+            "A torch.distributed process group already exists in this process; notebook_launcher must start from "
+            "a fresh process. Restart the notebook and do not create the Accelerator/PartialState before launching."
+        )
+    from .state import PartialState
+
+    if PartialState._shared_state:
+        raise RuntimeError(
+            "PartialState/Accelerator was already created in this process. Create it inside the launched function, "
+            "not in the notebook, then restart the notebook and launch again."
+        )
+    port = find_free_port() if str(use_port) == "0" else int(use_port)
+    if rdzv_backend == "static" and num_nodes == 1 and is_port_in_use(port, master_addr):
+        raise RuntimeError(
+            f"Port {port} on {master_addr} is already in use (another job?). Pass use_port='0' to pick a free port, "
+            "or another port number."
+        )
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    rdzv_configs = dict(rdzv_conf or {})
+    if rdzv_backend == "static":
+        rdzv_configs["rank"] = node_rank
+    config = LaunchConfig(
+        min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=num_processes, run_id=rdzv_id,
+        rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}", rdzv_backend=rdzv_backend,
+        rdzv_configs=rdzv_configs, max_restarts=max_restarts, monitor_interval=monitor_interval,
+        start_method=start_method or _default_start_method(), log_line_prefix_template=log_line_prefix_template,
+    )
+    threads = max(1, (os.cpu_count() or 1) // num_processes)
+    settings = {env_name("mixed_precision"): precision, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}
+    with patch_environment(**settings):
+        return elastic_launch(config=config, entrypoint=function)(*args)
+
+
+def debug_launcher(function: Callable, args=(), num_processes: int = 2):
+    """Run ``function(*args)`` on ``num_processes`` CPU processes of this machine, for tests and debugging."""
+    with patch_environment(**{env_name("use_cpu"): "true"}):
+        return notebook_launcher(function, args, num_processes=num_processes, use_port="0")

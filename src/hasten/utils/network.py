@@ -1,0 +1,17 @@
+"""Network helpers for launching: free ports."""
+from __future__ import annotations
+
+import socket
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host`` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def is_port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something already listens on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex((host, int(port))) == 0

@@ -1,0 +1,55 @@
+"""notebook_launcher / debug_launcher start real processes from Python."""
+import pytest
+
+from hasten.launchers import debug_launcher, notebook_launcher
+from helpers import _one_multiprocess_job_at_a_time
+
+
+def _report(offset):
+    from hasten.state import PartialState
+    from hasten.utils.environment import env_name
+    import os
+
+    state = PartialState()
+    state.wait_for_everyone()
+    return (state.process_index + offset, state.num_processes, str(state.distributed_type),
+            os.environ.get(env_name("mixed_precision")), os.environ.get(env_name("use_cpu")))
+
+
+def test_debug_launcher_runs_two_cpu_processes():
+    with _one_multiprocess_job_at_a_time():
+        results = debug_launcher(_report, args=(10,), num_processes=2)
+    assert sorted(results.values()) == [(10, 2, "MULTI_CPU", "no", "true"), (11, 2, "MULTI_CPU", "no", "true")]
+
+
+def test_notebook_launcher_single_process_runs_inline():
+    assert notebook_launcher(lambda a, b: a + b, args=(2, 3), num_processes=1, mixed_precision="bf16") == 5
+
+
+def test_notebook_launcher_passes_mixed_precision_and_rejects_bad_input():
+    with _one_multiprocess_job_at_a_time():
+        results = notebook_launcher(_report, args=(0,), num_processes=2, mixed_precision="bf16", use_port="0")
+    assert {value[3] for value in results.values()} == {"bf16"}
+    with pytest.raises(ValueError, match="mixed_precision"):
+        notebook_launcher(_report, num_processes=2, mixed_precision="fp12")
+    with pytest.raises(ValueError, match="num_processes"):
+        notebook_launcher(_report, num_processes=0)
+
+
+def test_notebook_launcher_refuses_a_busy_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(RuntimeError, match="already in use"):
+            notebook_launcher(_report, num_processes=2, use_port=str(port))
+
+
+def test_notebook_launcher_refuses_after_state_exists():
+    from hasten.state import PartialState
+
+    PartialState()
+    with pytest.raises(RuntimeError, match="inside the launched function"):
+        notebook_launcher(_report, num_processes=2, use_port="0")
