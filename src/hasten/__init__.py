@@ -17,6 +17,8 @@ _EXPORTS = build_table({
     "hasten.logging": ["get_logger"],
     "hasten.launchers": ["notebook_launcher", "debug_launcher"],
     "hasten.config.data": ["DataLoaderConfiguration"],
+    "hasten.config.kwargs": ["DistributedDataParallelKwargs", "DDPCommunicationHookType", "GradScalerKwargs",
+                             "InitProcessGroupKwargs", "AutocastKwargs", "ProfileKwargs"],
     "hasten.data.resume": ["skip_first_batches"],
     "hasten.big_modeling.init_context": ["init_empty_weights", "init_on_device"],
     "hasten.big_modeling.dispatch": ["cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",

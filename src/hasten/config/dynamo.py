@@ -1,0 +1,73 @@
+"""``TorchDynamoPlugin``: the ``torch.compile`` settings applied to prepared models."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..utils.environment import env_name, parse_flag_from_env
+from .enums import DynamoBackend
+from .resolution import resolve
+
+__all__ = ["TorchDynamoPlugin"]
+
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _parse_bool(value) -> bool:
+    from ..utils.environment import str_to_bool
+
+    return bool(str_to_bool(value)) if isinstance(value, str) else bool(value)
+
+
+@dataclass
+class TorchDynamoPlugin:
+    """How ``torch.compile`` is applied by ``prepare``.
+
+    Unset fields come from the launcher's environment (``HASTEN_DYNAMO_BACKEND``, ``HASTEN_DYNAMO_MODE``,
+    ``HASTEN_DYNAMO_USE_FULLGRAPH``, ``HASTEN_DYNAMO_USE_DYNAMIC``, ``HASTEN_DYNAMO_USE_REGIONAL_COMPILATION``),
+    then the defaults (backend ``"no"`` = no compilation, mode ``"default"``). ``use_regional_compilation``
+    compiles repeated blocks of one class once and reuses the compiled code, cutting cold-start time;
+    ``disable`` turns compilation into a no-op (tests).
+    """
+
+    backend: Optional[DynamoBackend] = None
+    mode: Optional[str] = None
+    fullgraph: Optional[bool] = None
+    dynamic: Optional[bool] = None
+    options: Optional[dict] = None
+    disable: bool = False
+    use_regional_compilation: Optional[bool] = None
+
+    def __post_init__(self):
+        self.backend, _ = resolve("dynamo_backend", self.backend, argument_name="TorchDynamoPlugin(backend=...)",
+                                  default=DynamoBackend.NO, parse=lambda v: DynamoBackend.parse(v, "dynamo backend"))
+
+        def check_mode(value):
+            if value not in _MODES:
+                raise ValueError(f"Unknown torch.compile mode {value!r}; choose one of {', '.join(_MODES)}.")
+            return value
+
+        self.mode, _ = resolve("dynamo_mode", self.mode, argument_name="TorchDynamoPlugin(mode=...)",
+                               default="default", parse=check_mode)
+        self.fullgraph, _ = resolve("dynamo_use_fullgraph", self.fullgraph, default=False, parse=_parse_bool,
+                                    argument_name="TorchDynamoPlugin(fullgraph=...)")
+        if self.dynamic is None and parse_flag_from_env(env_name("dynamo_use_dynamic"), False):
+            self.dynamic = True
+        self.use_regional_compilation, _ = resolve(
+            "dynamo_use_regional_compilation", self.use_regional_compilation, default=False, parse=_parse_bool,
+            argument_name="TorchDynamoPlugin(use_regional_compilation=...)")
+        if self.options is not None and not isinstance(self.options, dict):
+            raise ValueError(f"options must be a dict of backend options, got {type(self.options).__name__}.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend != DynamoBackend.NO and not self.disable
+
+    def to_kwargs(self) -> dict:
+        """Keyword arguments for ``torch.compile``."""
+        kwargs = {"backend": self.backend.value.lower(), "mode": self.mode, "fullgraph": self.fullgraph,
+                  "dynamic": self.dynamic, "disable": self.disable}
+        if self.options:
+            kwargs["options"] = self.options
+            kwargs.pop("mode")  # torch.compile takes either mode or options
+        return kwargs
