@@ -169,3 +169,21 @@ def test_gradient_state_defaults_and_loader_tracking():
     assert GradientState().sync_gradients is False
     GradientState._reset_state()
     assert GradientState().sync_gradients is True
+
+
+def test_get_logger_needs_state_and_logs_on_main(caplog):
+    import logging
+
+    from hasten.logging import get_logger
+
+    logger = get_logger("hasten-test", log_level="INFO")
+    with pytest.raises(RuntimeError, match="before the process state exists"):
+        logger.info("too early")
+    PartialState()
+    with caplog.at_level(logging.INFO, logger="hasten-test"):
+        logger.info("visible")
+        logger.info("also visible", main_process_only=False)
+        logger.debug("hidden")
+        logger.warning_once("once")
+        logger.warning_once("once")
+    assert [r.getMessage() for r in caplog.records] == ["visible", "also visible", "once"]

@@ -6,6 +6,9 @@ import time
 
 import torch
 import torch.distributed as dist
+import logging
+
+from hasten.logging import get_logger
 
 from hasten.config.enums import DistributedType
 from hasten.state import PartialState
@@ -78,6 +81,15 @@ def main():
         time.sleep(0.5)
     state.wait_for_everyone()
     assert time.time() - start >= 0.45
+
+    # get_logger: main-process-only by default, every process on request, in rank order with in_order
+    logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO, force=True)
+    logger = get_logger("check_state")
+    logger.info("logger-main-only")
+    logger.info(f"logger-everyone-{rank}", main_process_only=False)
+    for _ in range(3):
+        logger.info(f"logger-in-order-{rank}", main_process_only=False, in_order=True)
+        sys.stdout.flush()
 
     state.print(f"check_state OK on {n} processes")
     state.destroy_process_group()
