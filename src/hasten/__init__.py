@@ -8,7 +8,12 @@ from .utils._lazy import build_table, lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS = build_table({
+    "hasten.accelerator": ["Accelerator"],
     "hasten.state": ["PartialState", "AcceleratorState", "GradientState"],
+    "hasten.config.accumulation": ["GradientAccumulationPlugin"],
+    "hasten.config.dynamo": ["TorchDynamoPlugin"],
+    "hasten.config.project": ["ProjectConfiguration"],
+    "hasten.local_sgd": ["LocalSGD"],
     "hasten.config.enums": ["DistributedType", "RNGType", "PrecisionType", "DynamoBackend", "LoggerType"],
     "hasten.utils.operations": ["gather", "gather_object", "broadcast", "broadcast_object_list", "reduce",
                                 "pad_across_processes", "send_to_device"],

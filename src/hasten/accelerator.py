@@ -1,0 +1,622 @@
+"""The ``Accelerator``: the front door that composes configuration, process state, a strategy, precision,
+data loading and the training-loop helpers.
+
+It holds no backend logic: whatever differs between single-device, DDP, FSDP or DeepSpeed lives in a
+``Strategy`` (``hasten/strategies``). Methods here validate input, keep track of prepared objects and delegate.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from .accumulation import GradientAccumulator
+from .compile import apply_dynamo_plugin, remove_regional_compilation
+from .config.accelerator_settings import SPLIT_BATCHES_UNSET, resolve_accelerator_settings
+from .config.kwargs import AutocastKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs
+from .evaluation import gather_for_metrics as _gather_for_metrics
+from .optimizer import AcceleratedOptimizer
+from .precision import MixedPrecision
+from .scheduler import AcceleratedScheduler
+from .state import AcceleratorState, GradientState
+from .strategies import select_strategy
+from .utils import operations
+from .utils.memory import release_memory
+from .utils.serialization import save as _save
+
+__all__ = ["Accelerator"]
+
+logger = logging.getLogger(__name__)
+
+_LR_SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+class Accelerator:
+    """Run one training script on one device or many processes; the arguments mirror Accelerate's.
+
+    Settings given here win over the launcher's environment and config file; a contradiction between them is
+    an error that names both (see docs/configuration.md). Backends that are not supported yet (DeepSpeed, FSDP,
+    Megatron-LM, tensor parallelism, trackers) raise a clear error instead of being ignored.
+    """
+
+    def __init__(self, device_placement: bool = True, split_batches: bool = SPLIT_BATCHES_UNSET,
+                 mixed_precision: Optional[str] = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
+                 dataloader_config=None, deepspeed_plugin=None, fsdp_plugin=None, torch_tp_plugin=None,
+                 megatron_lm_plugin=None, rng_types=None, log_with=None, project_dir=None, project_config=None,
+                 gradient_accumulation_plugin=None, step_scheduler_with_optimizer: bool = True,
+                 kwargs_handlers=None, dynamo_backend=None, dynamo_plugin=None, deepspeed_plugins=None,
+                 parallelism_config=None):
+        if log_with is not None:
+            raise NotImplementedError(
+                f"Experiment tracking (log_with={log_with!r}) is not yet supported by hasten; it is planned. Remove "
+                "log_with, or log with your tracker's own API meanwhile."
+            )
+        if parallelism_config is not None:
+            raise NotImplementedError("parallelism_config is not yet supported by hasten; it is planned.")
+        settings = resolve_accelerator_settings(
+            mixed_precision=mixed_precision, cpu=cpu, gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_accumulation_plugin=gradient_accumulation_plugin, dynamo_backend=dynamo_backend,
+            dynamo_plugin=dynamo_plugin, dataloader_config=dataloader_config, split_batches=split_batches,
+            project_dir=project_dir, project_config=project_config, rng_types=rng_types,
+            kwargs_handlers=kwargs_handlers,
+        )
+        self.handlers = settings.handlers
+        init_kwargs = {}
+        if InitProcessGroupKwargs in self.handlers:
+            init_kwargs = {k: v for k, v in self.handlers[InitProcessGroupKwargs].to_kwargs().items() if v is not None}
+        self.state = AcceleratorState(
+            mixed_precision=settings.mixed_precision, cpu=settings.cpu, dynamo_plugin=settings.dynamo_plugin,
+            deepspeed_plugin=deepspeed_plugin or deepspeed_plugins, fsdp_plugin=fsdp_plugin,
+            torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin, _from_accelerator=True,
+            **init_kwargs,
+        )
+        self.strategy = select_strategy(
+            self.state, self.handlers, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins,
+            fsdp_plugin=fsdp_plugin, megatron_lm_plugin=megatron_lm_plugin, torch_tp_plugin=torch_tp_plugin,
+        )
+        self.strategy.setup()
+        self.device_placement = device_placement
+        self.precision = MixedPrecision(self.state.mixed_precision, self.device,
+                                        scaler_kwargs=self.handlers.get(GradScalerKwargs),
+                                        autocast_kwargs=self.handlers.get(AutocastKwargs))
+        self.scaler = self.precision.scaler
+        self.dynamo_plugin = settings.dynamo_plugin
+        self.dataloader_config = settings.dataloader_config
+        self.project_configuration = settings.project_config
+        self.rng_types = settings.rng_types
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.gradient_state = GradientState(gradient_accumulation_plugin=settings.gradient_accumulation_plugin)
+        self._accumulator = GradientAccumulator(self.gradient_state, self.strategy, self.num_processes == 1)
+        self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
+        self._custom_objects = []
+        self._prepared_ids: set[int] = set()
+        self.flag_tensor = None
+        self.trackers = []
+        self._told_about_scheduler = False
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def distributed_type(self):
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.state.mixed_precision
+
+    @property
+    def native_amp(self) -> bool:
+        return self.precision.native_amp
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether the current batch ends an accumulation cycle (gradients synchronised, optimizer steps)."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(value)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got {value!r}.")
+        self.gradient_state.plugin_kwargs["num_steps"] = value
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def dispatch_batches(self):
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return self.dataloader_config.use_stateful_dataloader
+
+    @property
+    def project_dir(self):
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self):
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.project_configuration.iteration
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow)."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    def __repr__(self) -> str:
+        return f"Accelerator({self.strategy!r}, mixed_precision={self.mixed_precision!r})"
+
+    # ------------------------------------------------------------------ preparing objects
+    def prepare(self, *args, device_placement=None):
+        """Prepare models, optimizers, schedulers and data loaders, in any order and number.
+
+        Returns them in the order given (a single object is returned alone). Objects that are already prepared
+        come back unchanged. ``device_placement`` (a list of bools, one per object) overrides the Accelerator's
+        setting for models and optimizers.
+        """
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects; give "
+                             "one bool per object passed to prepare().")
+        for obj in args:
+            if not self._is_preparable(obj):
+                raise TypeError(
+                    f"prepare() takes models, optimizers, learning-rate schedulers and data loaders; got "
+                    f"{type(obj).__name__}. Leave other objects out of prepare()."
+                )
+        result = list(args)
+        fresh = [i for i, obj in enumerate(args) if not self._is_prepared(obj)]
+        kinds = {i: self._kind(args[i]) for i in fresh}
+
+        for i in fresh:
+            if kinds[i] == "data_loader":
+                result[i] = self.prepare_data_loader(args[i], device_placement=device_placement[i])
+
+        model_ids = [i for i in fresh if kinds[i] == "model"]
+        optimizer_ids = [i for i in fresh if kinds[i] == "optimizer"]
+        if model_ids or optimizer_ids:
+            models, optimizers = self._prepare_training(
+                [args[i] for i in model_ids], [args[i] for i in optimizer_ids],
+                [self._placement(device_placement[i]) for i in model_ids],
+                [self._placement(device_placement[i]) for i in optimizer_ids],
+            )
+            for i, model in zip(model_ids, models):
+                result[i] = model
+            for i, optimizer in zip(optimizer_ids, optimizers):
+                result[i] = optimizer
+
+        for i in fresh:
+            if kinds[i] == "scheduler":
+                result[i] = self.prepare_scheduler(args[i])
+        return result[0] if len(result) == 1 else tuple(result)
+
+    @staticmethod
+    def _kind(obj) -> str:
+        if isinstance(obj, nn.Module):
+            return "model"
+        if isinstance(obj, torch.optim.Optimizer):
+            return "optimizer"
+        if isinstance(obj, _LR_SCHEDULER_TYPES) or isinstance(obj, AcceleratedScheduler):
+            return "scheduler"
+        return "data_loader"
+
+    @staticmethod
+    def _is_preparable(obj) -> bool:
+        return isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader,
+                                AcceleratedScheduler) + _LR_SCHEDULER_TYPES)
+
+    def _is_prepared(self, obj) -> bool:
+        return id(obj) in self._prepared_ids or isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler))
+
+    def _placement(self, value: Optional[bool]) -> bool:
+        return self.device_placement if value is None else bool(value)
+
+    def _remember(self, obj, registry: list):
+        registry.append(obj)
+        self._prepared_ids.add(id(obj))
+        return obj
+
+    def _prepare_training(self, models, optimizers, model_placement, optimizer_placement, evaluation_mode=False):
+        originals = [id(obj) for obj in list(models) + list(optimizers)]
+        self._check_optimizers_belong_to_models(models, optimizers)
+        models = [self.precision.wrap_forward(model) for model in models]
+        models, raw_optimizers = self.strategy.prepare_training(models, optimizers, model_placement, evaluation_mode)
+        models = [apply_dynamo_plugin(model, self.dynamo_plugin) for model in models]
+        wrapped = [AcceleratedOptimizer(opt, device_placement=place, scaler=self.scaler)
+                   for opt, place in zip(raw_optimizers, optimizer_placement)]
+        self._prepared_ids.update(originals)
+        return ([self._remember(m, self._models) for m in models],
+                [self._remember(o, self._optimizers) for o in wrapped])
+
+    def _check_optimizers_belong_to_models(self, new_models, optimizers) -> None:
+        """An optimizer must train at least one parameter of a prepared model (catches optimizers built on a copy)."""
+        known = {id(p) for model in list(new_models) + self._models for p in model.parameters()}
+        if not known:
+            return  # no model prepared yet: nothing to compare with
+        for optimizer in optimizers:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if params and not any(id(p) in known for p in params):
+                raise ValueError(
+                    f"The {type(optimizer).__name__} given to prepare() trains none of the parameters of the prepared "
+                    "model(s): it was probably built on another copy of the model. Create the optimizer from "
+                    "model.parameters() of the model you pass to prepare()."
+                )
+
+    def prepare_model(self, model: nn.Module, device_placement: Optional[bool] = None, evaluation_mode: bool = False):
+        """Prepare one model: mixed-precision forward, device placement, the strategy's wrapper, compilation.
+
+        ``evaluation_mode=True`` prepares a model for inference only (no DDP wrapper).
+        """
+        if self._is_prepared(model):
+            return model
+        models, _ = self._prepare_training([model], [], [self._placement(device_placement)], [],
+                                           evaluation_mode=evaluation_mode)
+        return models[0]
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: Optional[bool] = None):
+        """Wrap one optimizer in an ``AcceleratedOptimizer``."""
+        if self._is_prepared(optimizer):
+            return optimizer
+        _, optimizers = self._prepare_training([], [optimizer], [], [self._placement(device_placement)])
+        return optimizers[0]
+
+    def prepare_scheduler(self, scheduler):
+        """Wrap one learning-rate scheduler in an ``AcceleratedScheduler`` bound to its prepared optimizer."""
+        if self._is_prepared(scheduler):
+            return scheduler
+        target = getattr(scheduler, "optimizer", None)
+        optimizers = [opt for opt in self._optimizers if opt.optimizer is target or opt is target]
+        if target is not None and not optimizers:
+            raise ValueError(
+                "The scheduler's optimizer has not been prepared: pass the optimizer to prepare() together with (or "
+                "before) the scheduler."
+            )
+        split_batches = self.dataloader_config.split_batches
+        if not split_batches and self.num_processes > 1 and self.step_scheduler_with_optimizer \
+                and not self._told_about_scheduler:
+            self._told_about_scheduler = True
+            logger.info(
+                "The prepared scheduler advances %d steps per optimizer step (one per process), so a schedule "
+                "written in single-process steps keeps its meaning. Use "
+                "DataLoaderConfiguration(split_batches=True) for one scheduler step per optimizer step.",
+                self.num_processes,
+            )
+        wrapped = AcceleratedScheduler(scheduler, optimizers or self._optimizers,
+                                       step_with_optimizer=self.step_scheduler_with_optimizer,
+                                       split_batches=split_batches)
+        self._prepared_ids.add(id(scheduler))
+        return self._remember(wrapped, self._schedulers)
+
+    def prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
+        """Shard a ``DataLoader`` across processes (see ``hasten.data_loader.prepare_data_loader``)."""
+        if self._is_prepared(data_loader):
+            return data_loader
+        from .data_loader import prepare_data_loader
+
+        options = self.dataloader_config.to_kwargs()
+        prepared = prepare_data_loader(
+            data_loader, device=self.device, num_processes=self.num_processes, process_index=self.process_index,
+            put_on_device=self._placement(device_placement), rng_types=list(self.rng_types),
+            slice_fn_for_dispatch=slice_fn_for_dispatch, **options,
+        )
+        self._prepared_ids.add(id(data_loader))
+        return self._remember(prepared, self._dataloaders)
+
+    def skip_first_batches(self, dataloader, num_batches: int = 0):
+        """A loader that starts ``num_batches`` into the current epoch (resuming mid-epoch)."""
+        from .data.resume import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    # ------------------------------------------------------------------ the training step
+    def backward(self, loss: torch.Tensor, num_items_in_batch=None, **kwargs) -> None:
+        """``loss.backward()``, divided by the accumulation steps and scaled for fp16.
+
+        Token-level losses: pass the *summed* loss of this micro-batch and ``num_items_in_batch``, the number of
+        target items (e.g. non-padding tokens) in the whole accumulation cycle on all processes; the gradient is
+        then exactly that of one big batch (docs/gradient-accumulation.md). Other ``kwargs`` go to torch's backward.
+        """
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"backward() takes the loss tensor, got {type(loss).__name__}.")
+        if loss.numel() != 1 and "gradient" not in kwargs:
+            raise ValueError(
+                f"backward() needs a scalar loss, got a tensor of shape {tuple(loss.shape)}. Reduce it first "
+                "(loss.mean() or loss.sum()), or pass gradient=... as torch's backward allows."
+            )
+        if num_items_in_batch is not None:
+            if float(num_items_in_batch) <= 0:
+                raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch!r}.")
+            # sum-reduced loss / items of the whole cycle; undo the average over processes that DDP applies
+            loss = loss * (self.num_processes / num_items_in_batch)
+        elif self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        self.strategy.backward(loss, **kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models):
+        """One batch of gradient accumulation: gradients are synchronised only on the batch that ends a cycle.
+
+        Inside, ``sync_gradients`` says whether this is that batch; the prepared optimizer and scheduler step
+        only then.
+        """
+        with self._accumulator.accumulate(models):
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model):
+        """Accumulate gradients locally (no inter-process communication) in the block."""
+        with self.strategy.no_sync(model):
+            yield
+
+    def trigger_sync_in_backward(self, model):
+        """A context in which the next backward synchronises gradients even inside ``no_sync`` (uneven inputs)."""
+        return self.strategy.trigger_sync_in_backward(model)
+
+    def autocast(self, autocast_handler: Optional[AutocastKwargs] = None):
+        """The mixed-precision autocast context (to run code outside the prepared model's forward)."""
+        return self.precision.autocast(autocast_handler)
+
+    def unscale_gradients(self, optimizer=None) -> None:
+        """Divide fp16-scaled gradients by the loss scale (done for you before clipping)."""
+        if self.scaler is None or not self.sync_gradients:
+            return
+        optimizers = self._optimizers if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple))
+                                                                  else [optimizer])
+        for opt in optimizers:
+            inner = opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt
+            self.scaler.unscale_(inner)
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
+        """Clip the gradients' total norm (after unscaling fp16 gradients); returns the norm before clipping.
+
+        While accumulating (``sync_gradients`` False) gradients are partial, so nothing is clipped and None is
+        returned; clipping applies on the batch that steps.
+        """
+        if not self.sync_gradients:
+            return None
+        self.unscale_gradients()
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters, clip_value) -> None:
+        """Clamp every gradient to ``[-clip_value, clip_value]`` (after unscaling fp16 gradients)."""
+        if not self.sync_gradients:
+            return
+        self.unscale_gradients()
+        self.strategy.clip_grad_value_(parameters, clip_value)
+
+    # ------------------------------------------------------------------ processes and evaluation
+    def gather(self, tensor):
+        """All-gather (nested) tensors from every process, concatenated on dim 0."""
+        return operations.gather(tensor)
+
+    def gather_for_metrics(self, input_data, use_gather_object: bool = False):
+        """Gather evaluation results, dropping the samples ``even_batches`` duplicated: each sample once."""
+        return _gather_for_metrics(input_data, use_gather_object=use_gather_object)
+
+    def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
+        """Reduce (nested) tensors across processes: "sum" (default here), "mean", "max", "min" or "none"."""
+        return operations.reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(self, tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
+        """Pad (nested) tensors on ``dim`` to the largest size across processes, so they can be gathered."""
+        return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def split_between_processes(self, inputs, apply_padding: bool = False):
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def main_process_first(self):
+        return self.state.main_process_first()
+
+    def local_main_process_first(self):
+        return self.state.local_main_process_first()
+
+    def on_main_process(self, function: Callable = None):
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable = None):
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable = None):
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: Callable = None, process_index: int = None):
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: Callable = None, local_process_index: int = None):
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    def print(self, *args, **kwargs) -> None:
+        self.state.print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        self.state.wait_for_everyone()
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process; ``check_trigger`` on every process then sees it (e.g. early stopping)."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` since the last check (collective: call on every process)."""
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        flag = self.reduce(self.flag_tensor, reduction="sum")
+        if flag.item() >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables, even_batches=None):
+        """Train on loaders of different lengths across processes without hanging (``torch.distributed.algorithms.Join``).
+
+        ``even_batches`` temporarily overrides the prepared loaders' setting (False lets them stay uneven).
+        """
+        from torch.distributed.algorithms.join import Join
+
+        samplers = []
+        if even_batches is not None:
+            samplers = [(sampler, sampler.even_batches) for sampler in
+                        (getattr(loader, "batch_sampler", None) for loader in self._dataloaders)
+                        if hasattr(sampler, "even_batches")]
+            for sampler, _ in samplers:
+                sampler.even_batches = even_batches
+        try:
+            if self.use_distributed:
+                with Join(joinables):
+                    yield
+            else:
+                yield
+        finally:
+            for sampler, value in samplers:
+                sampler.even_batches = value
+
+    # ------------------------------------------------------------------ models and memory
+    def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
+        """The user's model without the strategy's wrappers (and, on request, without autocast / compilation)."""
+        unwrapped = self.strategy.unwrap(model, keep_fp32_wrapper=keep_fp32_wrapper,
+                                         keep_torch_compile=keep_torch_compile)
+        if not keep_torch_compile:
+            remove_regional_compilation(unwrapped)
+        return unwrapped
+
+    def get_state_dict(self, model, unwrap: bool = True) -> dict:
+        """The model's full state dict, as the strategy gathers it."""
+        return self.strategy.model_state_dict(model, full=True) if unwrap else model.state_dict()
+
+    def free_memory(self, *objects):
+        """Drop the Accelerator's references to prepared objects and free device memory; returns ``objects`` freed."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self._prepared_ids.clear()
+        self._accumulator.step = 0
+        return release_memory(*objects)
+
+    def clear(self, *objects):
+        """Alias of ``free_memory``."""
+        return self.free_memory(*objects)
+
+    def find_executable_batch_size(self, function: Callable = None, starting_batch_size: int = 128,
+                                   reduce_batch_size_fn: Callable = None):
+        """``find_executable_batch_size`` that also frees this Accelerator's prepared objects before each retry."""
+        from .utils.memory import find_executable_batch_size
+
+        if function is None:
+            return functools.partial(self.find_executable_batch_size, starting_batch_size=starting_batch_size,
+                                     reduce_batch_size_fn=reduce_batch_size_fn)
+
+        @functools.wraps(function)
+        def run(batch_size, *args, **kwargs):
+            self.free_memory()
+            return function(batch_size, *args, **kwargs)
+
+        return find_executable_batch_size(run, starting_batch_size=starting_batch_size,
+                                          reduce_batch_size_fn=reduce_batch_size_fn)
+
+    def save(self, obj, f, safe_serialization: bool = False) -> None:
+        """Save ``obj`` once per run (or per machine with ``save_on_each_node``), atomically."""
+        _save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node,
+              safe_serialization=safe_serialization)
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: Optional[ProfileKwargs] = None):
+        """Profile the block with ``torch.profiler``; with ``output_trace_dir`` a Chrome trace per process is written."""
+        handler = profile_handler or self.handlers.get(ProfileKwargs) or ProfileKwargs()
+        profiler = handler.build()
+        with profiler as prof:
+            yield prof
+        if handler.output_trace_dir:
+            import os
+
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            prof.export_chrome_trace(os.path.join(handler.output_trace_dir,
+                                                  f"trace_rank{self.process_index}.json"))
+        self.wait_for_everyone()
+
+    # ------------------------------------------------------------------ trackers (no tracker support yet)
+    def init_trackers(self, project_name: str, config: Optional[dict] = None, init_kwargs: Optional[dict] = None):
+        """Start the experiment trackers given by ``log_with`` (none can be given yet: this records the config)."""
+        self.tracker_project_name = project_name
+        self.tracker_config = dict(config or {})
+
+    def log(self, values: dict, step: Optional[int] = None, log_kwargs: Optional[dict] = None) -> None:
+        """Log ``values`` to every tracker (there are none without ``log_with``)."""
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        """Finish the trackers and wait for every process."""
+        for tracker in self.trackers:
+            tracker.finish()
+        self.wait_for_everyone()
+
+    def get_tracker(self, name: str, unwrap: bool = False):
+        raise ValueError(f"No tracker named {name!r}: hasten does not support experiment trackers yet.")

@@ -1,0 +1,89 @@
+"""Applying ``torch.compile`` to prepared models, whole or region by region.
+
+Regional compilation compiles each block of a repeated stack (e.g. the 12 identical transformer layers of a
+``ModuleList``) separately. The blocks share one class and so one piece of code: the compiler's cache is hit
+for every block after the first, which cuts cold-start time. Parts of the model outside repeated stacks are
+compiled as their own regions. Blocks are compiled in place (``nn.Module.compile``), so parameters keep their
+identity and optimizers created before ``prepare`` keep working.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+__all__ = ["compile_model", "compile_regions", "remove_regional_compilation", "repeated_block_containers"]
+
+_REGIONS_ATTRIBUTE = "_hasten_compiled_regions"
+
+
+def _is_repeated_stack(module: nn.Module) -> bool:
+    children = list(module.children())
+    return (isinstance(module, (nn.ModuleList, nn.Sequential)) and len(children) > 1
+            and len({type(child) for child in children}) == 1)
+
+
+def repeated_block_containers(model: nn.Module) -> list[nn.Module]:
+    """The ``ModuleList``/``Sequential`` containers (outermost first) whose children are blocks of one class."""
+    found = []
+
+    def visit(module):
+        if _is_repeated_stack(module):
+            found.append(module)
+            return
+        for child in module.children():
+            visit(child)
+
+    visit(model)
+    return found
+
+
+def compile_regions(model: nn.Module, **compile_kwargs) -> nn.Module:
+    """Compile ``model`` region by region (in place) and return it; the whole model if nothing repeats."""
+    containers = repeated_block_containers(model)
+    if not containers:
+        return compile_model(model, **compile_kwargs)
+    inside = set()
+    for container in containers:
+        inside.update(id(m) for m in container.modules())
+    regions = []
+
+    def visit(module):
+        if _is_repeated_stack(module):
+            regions.extend(module.children())
+            return
+        has_stack_below = any(id(m) in inside for m in module.modules())
+        if has_stack_below:
+            for child in module.children():
+                visit(child)
+        elif any(True for _ in module.parameters(recurse=True)) or module is not model:
+            regions.append(module)
+
+    for child in model.children():
+        visit(child)
+    for region in regions:
+        region.compile(**compile_kwargs)
+    setattr(model, _REGIONS_ATTRIBUTE, regions)
+    return model
+
+
+def compile_model(model: nn.Module, **compile_kwargs) -> nn.Module:
+    """``torch.compile(model)``: an ``OptimizedModule`` around the model (parameters shared)."""
+    import torch
+
+    return torch.compile(model, **compile_kwargs)
+
+
+def remove_regional_compilation(model: nn.Module) -> nn.Module:
+    """Undo ``compile_regions`` in place: every region runs eagerly again."""
+    for region in model.__dict__.pop(_REGIONS_ATTRIBUTE, []):
+        region._compiled_call_impl = None
+    return model
+
+
+def apply_dynamo_plugin(model: nn.Module, plugin) -> nn.Module:
+    """Compile ``model`` as the ``TorchDynamoPlugin`` says (unchanged when compilation is off)."""
+    if plugin is None or not plugin.enabled:
+        return model
+    kwargs = plugin.to_kwargs()
+    if plugin.use_regional_compilation:
+        return compile_regions(model, **kwargs)
+    return compile_model(model, **kwargs)

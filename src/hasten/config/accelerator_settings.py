@@ -1,0 +1,145 @@
+"""Resolving the ``Accelerator``'s settings, in one place, with the one precedence rule.
+
+argument in code > launcher environment (``HASTEN_*``) > config file (the one ``hasten launch`` used, named in
+``HASTEN_CONFIG_FILE``) > default. Two explicit sources that disagree raise ``ConfigConflictError``.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..utils.environment import env_name
+from .accumulation import GradientAccumulationPlugin
+from .dynamo import TorchDynamoPlugin
+from .enums import PrecisionType, RNGType
+from .kwargs import KwargsHandler
+from .project import ProjectConfiguration
+from .resolution import resolve
+
+__all__ = ["AcceleratorSettings", "resolve_accelerator_settings", "SPLIT_BATCHES_UNSET"]
+
+SPLIT_BATCHES_UNSET = object()  # the deprecated ``split_batches`` argument was not passed
+
+
+@dataclass
+class AcceleratorSettings:
+    mixed_precision: str
+    cpu: bool
+    gradient_accumulation_plugin: GradientAccumulationPlugin
+    dynamo_plugin: TorchDynamoPlugin
+    dataloader_config: object
+    project_config: ProjectConfiguration
+    rng_types: list
+    handlers: dict = field(default_factory=dict)
+
+
+def _launcher_config() -> tuple[dict, Optional[str]]:
+    path = os.environ.get(env_name("config_file"))
+    if not path:
+        return {}, None
+    from .config_file import load_config_file
+
+    return load_config_file(path), path
+
+
+def _positive_int(what: str):
+    def parse(value):
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{what} must be an int >= 1, got {value!r}.") from None
+        if number < 1 or isinstance(value, bool) or (isinstance(value, float) and value != number):
+            raise ValueError(f"{what} must be an int >= 1, got {value!r}.")
+        return number
+
+    return parse
+
+
+def _handlers_by_type(kwargs_handlers) -> dict:
+    handlers = {}
+    for handler in kwargs_handlers or []:
+        if not isinstance(handler, KwargsHandler):
+            raise TypeError(f"kwargs_handlers takes KwargsHandler instances (DistributedDataParallelKwargs, "
+                            f"GradScalerKwargs, ...), got {type(handler).__name__}.")
+        if type(handler) in handlers:
+            raise ValueError(f"kwargs_handlers contains two {type(handler).__name__}; pass each kind once.")
+        handlers[type(handler)] = handler
+    return handlers
+
+
+def _rng_types(rng_types) -> list:
+    if rng_types is None:
+        return [RNGType.GENERATOR.value]
+    return [RNGType.parse(r, "rng type").value for r in rng_types]
+
+
+def _dataloader_config(dataloader_config, split_batches):
+    from .data import DataLoaderConfiguration
+
+    if dataloader_config is None:
+        dataloader_config = DataLoaderConfiguration()
+    elif not isinstance(dataloader_config, DataLoaderConfiguration):
+        raise TypeError(f"dataloader_config must be a DataLoaderConfiguration, got {type(dataloader_config).__name__}.")
+    if split_batches is not SPLIT_BATCHES_UNSET:
+        warnings.warn("Accelerator(split_batches=...) is deprecated: pass "
+                      "dataloader_config=DataLoaderConfiguration(split_batches=...) instead.", FutureWarning,
+                      stacklevel=4)
+        if dataloader_config.split_batches not in (False, split_batches):
+            raise ValueError("split_batches was given both to Accelerator(...) and in dataloader_config, with "
+                             "different values; keep only dataloader_config.split_batches.")
+        dataloader_config.split_batches = bool(split_batches)
+    return dataloader_config
+
+
+def resolve_accelerator_settings(*, mixed_precision=None, cpu=False, gradient_accumulation_steps=1,
+                                 gradient_accumulation_plugin=None, dynamo_backend=None, dynamo_plugin=None,
+                                 dataloader_config=None, split_batches=SPLIT_BATCHES_UNSET, project_dir=None,
+                                 project_config=None, rng_types=None, kwargs_handlers=None) -> AcceleratorSettings:
+    """Validate the Accelerator's arguments and merge them with the launcher's environment and config file."""
+    config, config_path = _launcher_config()
+    handlers = _handlers_by_type(kwargs_handlers)
+
+    precision, _ = resolve("mixed_precision", mixed_precision, argument_name="Accelerator(mixed_precision=...)",
+                           config=config, config_path=config_path, default=PrecisionType.NO.value,
+                           parse=lambda v: PrecisionType.parse(v, "mixed_precision").value)
+
+    if gradient_accumulation_plugin is not None:
+        if gradient_accumulation_steps != 1:
+            raise ValueError("Pass gradient_accumulation_steps or gradient_accumulation_plugin, not both: set "
+                             "GradientAccumulationPlugin(num_steps=...) instead.")
+        if not isinstance(gradient_accumulation_plugin, GradientAccumulationPlugin):
+            raise TypeError("gradient_accumulation_plugin must be a GradientAccumulationPlugin.")
+        if gradient_accumulation_plugin.num_steps is None:
+            gradient_accumulation_plugin.num_steps = 1
+    else:
+        argument = _positive_int("gradient_accumulation_steps")(gradient_accumulation_steps)
+        steps, _ = resolve("gradient_accumulation_steps", argument if argument != 1 else None,
+                           argument_name="Accelerator(gradient_accumulation_steps=...)", config=config,
+                           config_path=config_path, default=1, parse=_positive_int("gradient_accumulation_steps"))
+        gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
+
+    if dynamo_plugin is not None and dynamo_backend is not None:
+        raise ValueError("Pass dynamo_backend or dynamo_plugin, not both: set TorchDynamoPlugin(backend=...).")
+    if dynamo_plugin is None:
+        backend = dynamo_backend
+        if backend is None and os.environ.get(env_name("dynamo_backend")) is None:
+            backend = (config.get("dynamo_config") or {}).get("dynamo_backend")
+        dynamo_plugin = TorchDynamoPlugin(backend=backend)
+
+    use_cpu = bool(cpu) or bool(config.get("use_cpu", False))
+
+    if project_config is None:
+        project_config = ProjectConfiguration(project_dir=project_dir)
+    elif project_dir is not None:
+        if project_config.project_dir not in (None, os.fspath(project_dir)):
+            raise ValueError(f"project_dir={project_dir!r} contradicts project_config.project_dir="
+                             f"{project_config.project_dir!r}; give it in one place.")
+        project_config.set_directories(project_dir)
+
+    return AcceleratorSettings(
+        mixed_precision=precision, cpu=use_cpu, gradient_accumulation_plugin=gradient_accumulation_plugin,
+        dynamo_plugin=dynamo_plugin, dataloader_config=_dataloader_config(dataloader_config, split_batches),
+        project_config=project_config, rng_types=_rng_types(rng_types), handlers=handlers,
+    )

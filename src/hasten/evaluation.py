@@ -1,0 +1,40 @@
+"""Gathering evaluation results so that every sample is counted exactly once.
+
+With ``even_batches`` (the default) the last global batch is completed with samples repeated from the start
+of the data set, so that every process gets a full batch. ``gather_for_metrics`` drops exactly those
+duplicates: the prepared loader tells ``GradientState`` how many samples of its last global batch are real
+(``remainder``).
+"""
+from __future__ import annotations
+
+from .state import GradientState
+from .utils.operations import gather, gather_object, recursively_apply
+
+__all__ = ["gather_for_metrics"]
+
+
+def _all_tensors(data) -> bool:
+    try:
+        recursively_apply(lambda tensor: tensor, data, error_on_other_type=True)
+        return True
+    except TypeError:
+        return False
+
+
+def gather_for_metrics(input_data, use_gather_object: bool = False):
+    """Gather ``input_data`` from every process, without the samples ``even_batches`` duplicated.
+
+    Tensors (nested in lists/tuples/dicts) are gathered along dim 0; anything else, or with
+    ``use_gather_object=True``, goes through ``gather_object`` (lists from every process concatenated).
+    """
+    use_gather_object = use_gather_object or not _all_tensors(input_data)
+    data = gather_object(input_data) if use_gather_object else gather(input_data)
+    state = GradientState()
+    if not state.end_of_dataloader or state.remainder <= 0:
+        return data
+    remainder = state.remainder
+
+    def keep_real(values):
+        return values[:remainder]
+
+    return keep_real(data) if use_gather_object else recursively_apply(keep_real, data)

@@ -1,0 +1,127 @@
+"""``AcceleratedOptimizer``: an optimizer that knows about gradient accumulation and fp16 loss scaling.
+
+``step()`` and ``zero_grad()`` do nothing while gradients are being accumulated (between synchronising
+batches), so a training loop can call them on every batch. With a ``GradScaler`` the step is taken through the
+scaler, and ``step_was_skipped`` tells whether an fp16 overflow made it skip.
+"""
+from __future__ import annotations
+
+import torch
+
+from .state import GradientState, PartialState
+
+__all__ = ["AcceleratedOptimizer"]
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
+    """Move the optimizer's per-parameter state tensors (e.g. Adam moments) to ``device``, in place.
+
+    Scalar ``step`` counters stay where they are (on the CPU), as PyTorch's optimizers expect.
+    """
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and not (key == "step" and value.dim() == 0):
+                state[key] = value.to(device)
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """Wraps ``optimizer``; behaves like it everywhere (param_groups, state, state_dict ...).
+
+    Parameters:
+        optimizer: the optimizer to wrap.
+        device_placement: move the optimizer's state to the process's device (and on ``load_state_dict``).
+        scaler: a ``torch.amp.GradScaler`` for fp16 training; steps go through it.
+    """
+
+    def __init__(self, optimizer, device_placement=True, scaler=None):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"AcceleratedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}.")
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.device_placement = device_placement
+        self.gradient_state = GradientState()
+        self._step_was_skipped = False
+        self._is_overflow = False
+        if device_placement and PartialState._shared_state:
+            move_optimizer_state(self.optimizer, PartialState().device)
+
+    # The wrapped optimizer's attributes, seen through the wrapper.
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value):
+        self.optimizer.state = value
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value):
+        self.optimizer.defaults = value
+
+    def add_param_group(self, param_group):
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict)
+        if self.device_placement and PartialState._shared_state:
+            move_optimizer_state(self.optimizer, PartialState().device)
+
+    def zero_grad(self, set_to_none: bool = True):
+        """Clear gradients, except while accumulating."""
+        if self.gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None):
+        """Take the optimizer step when gradients are synchronised; a no-op while accumulating."""
+        if not self.gradient_state.sync_gradients:
+            self._step_was_skipped = False
+            return None
+        if self.scaler is None or not self.scaler.is_enabled():
+            self._step_was_skipped = False
+            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        scale_before = self.scaler.get_scale()
+        result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
+        self.scaler.update()
+        # The scaler lowers its scale exactly when it found inf/NaN gradients and skipped the step.
+        self._step_was_skipped = self.scaler.get_scale() < scale_before
+        return result
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last ``step()`` was skipped because of an fp16 gradient overflow."""
+        return self._step_was_skipped
+
+    def train(self):
+        """Switch schedule-free style optimizers to training mode (no-op for others)."""
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+    def eval(self):
+        """Switch schedule-free style optimizers to evaluation mode (no-op for others)."""
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "gradient_state"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.gradient_state = GradientState()
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"

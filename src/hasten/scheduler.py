@@ -1,0 +1,78 @@
+"""``AcceleratedScheduler``: a learning-rate scheduler that steps only when the optimizer really stepped.
+
+With ``split_batches=False`` every process consumes its own batch, so one optimizer step sees
+``num_processes`` batches: the scheduler is then advanced ``num_processes`` times per optimizer step, so that
+a schedule written in single-process steps (e.g. warm-up over 1000 batches) keeps its meaning. This matches
+the reference library; ``Accelerator.prepare`` says so in the log once, because it surprises people.
+"""
+from __future__ import annotations
+
+from .state import AcceleratorState, GradientState, PartialState
+
+__all__ = ["AcceleratedScheduler"]
+
+
+class AcceleratedScheduler:
+    """Wraps ``scheduler`` (a ``torch.optim.lr_scheduler.LRScheduler`` or anything with ``step()``).
+
+    Parameters:
+        scheduler: the scheduler to wrap.
+        optimizers: the (prepared) optimizer or optimizers it schedules.
+        step_with_optimizer: step only when the optimizers stepped (not while accumulating, not after an
+            fp16 overflow skip).
+        split_batches: whether loaders split each batch across processes (then one scheduler step per
+            optimizer step) or give each process whole batches (``num_processes`` scheduler steps).
+    """
+
+    def __init__(self, scheduler, optimizers, step_with_optimizer: bool = True, split_batches: bool = False):
+        if not hasattr(scheduler, "step"):
+            raise TypeError(f"AcceleratedScheduler wraps a learning-rate scheduler, got {type(scheduler).__name__}.")
+        self.scheduler = scheduler
+        self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
+        self.split_batches = split_batches
+        self.step_with_optimizer = step_with_optimizer
+        self.gradient_state = GradientState()
+
+    def _num_processes(self) -> int:
+        if AcceleratorState._shared_state:
+            return AcceleratorState().num_processes
+        return PartialState().num_processes if PartialState._shared_state else 1
+
+    def step(self, *args, **kwargs):
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.gradient_state.sync_gradients:
+            if self.gradient_state.adjust_scheduler:
+                # keep torch's "optimizer.step() before lr_scheduler.step()" bookkeeping quiet
+                self.scheduler._step_count = getattr(self.scheduler, "_step_count", 0) + 1
+            return
+        if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
+            return
+        repeats = 1 if self.split_batches else self._num_processes()
+        total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR refuses to step past its end
+        for _ in range(repeats):
+            if total is not None and self.scheduler._step_count > total:
+                break
+            self.scheduler.step(*args, **kwargs)
+
+    # Everything else is the wrapped scheduler's.
+    def get_last_lr(self):
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self):
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.scheduler.load_state_dict(state_dict)
+
+    def get_lr(self):
+        return self.scheduler.get_lr()
+
+    def print_lr(self, *args, **kwargs):
+        return self.scheduler.print_lr(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name in ("scheduler", "__setstate__", "__getstate__"):
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
