@@ -1,0 +1,16 @@
+"""The Accelerator's training loop on 2 real processes, and the examples that `make demo` shows."""
+from helpers import ROOT, run_launch
+
+
+def test_training_core_two_processes():
+    result = run_launch("check_training.py", num_processes=2, timeout=300)
+    assert "check_training OK on 2 processes" in result.stdout
+
+
+def test_demo_and_by_feature_examples():
+    result = run_launch(ROOT / "examples" / "demo.py", num_processes=2, timeout=300)
+    assert "demo OK: 2 process(es), bf16 precision" in result.stdout
+    result = run_launch(ROOT / "examples" / "by_feature" / "evaluation.py", num_processes=2)
+    assert "evaluation example OK" in result.stdout
+    result = run_launch(ROOT / "examples" / "by_feature" / "gradient_accumulation.py", num_processes=2)
+    assert "gradient accumulation example OK" in result.stdout
