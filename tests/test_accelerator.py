@@ -386,3 +386,27 @@ def test_local_sgd_single_process_and_validation():
     assert local.num_steps == 2
     with pytest.raises(ValueError, match="local_sgd_steps"):
         LocalSGD(accelerator, model, local_sgd_steps=0)
+
+
+def test_end_of_loader_forces_a_sync_and_restarts_the_cycle():
+    accelerator = Accelerator(gradient_accumulation_steps=2)
+    model = make_model()
+    loader = torch.utils.data.DataLoader(torch.randn(5, 4), batch_size=1)
+    model, loader = accelerator.prepare(model, loader)
+    for _ in range(2):  # two epochs: the second starts a fresh cycle
+        syncs = []
+        for x in loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(model(x).sum())
+                syncs.append(accelerator.sync_gradients)
+        assert syncs == [False, True, False, True, True]
+
+
+def test_tqdm_is_disabled_off_the_main_process(monkeypatch):
+    from hasten.state import PartialState
+    from hasten.utils import tqdm
+
+    PartialState()
+    assert not tqdm(range(3)).disable
+    monkeypatch.setitem(PartialState._shared_state, "local_process_index", 1)
+    assert tqdm(range(3)).disable and not tqdm(range(3), main_process_only=False).disable

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import torch
 
 from .config.enums import DistributedType
+from .utils.operations import convert_to_fp32
 
 __all__ = ["get_grad_scaler", "get_mixed_precision_context_manager", "MixedPrecision"]
 
@@ -93,8 +94,6 @@ class _AutocastForward:
         functools.update_wrapper(self, forward)
 
     def __call__(self, *args, **kwargs):
-        from .utils.operations import convert_to_fp32
-
         with self.precision.autocast():
             outputs = self.forward(*args, **kwargs)
         return convert_to_fp32(outputs)
@@ -115,6 +114,9 @@ class MixedPrecision:
         self.device = device
         self.autocast_kwargs = autocast_kwargs
         self.scaler = None
+        # built once: the forward wrapper enters autocast on every call
+        self._autocast_options = _autocast_options(autocast_kwargs)
+        self._autocast_options.setdefault("dtype", torch.float16 if mode == "fp16" else torch.bfloat16)
         if mode == "fp16":
             if device.type == "cpu":
                 _warn_once("fp16 mixed precision on the CPU works but is much slower than bf16 (about 27x here); "
@@ -132,7 +134,11 @@ class MixedPrecision:
 
     def autocast(self, autocast_handler=None):
         """The autocast context for this run (``autocast_handler`` overrides the run's AutocastKwargs)."""
-        return get_mixed_precision_context_manager(self.native_amp, autocast_handler or self.autocast_kwargs)
+        if autocast_handler is not None:
+            return get_mixed_precision_context_manager(self.native_amp, autocast_handler)
+        if not self.native_amp:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, **self._autocast_options)
 
     def wrap_forward(self, model):
         """Make ``model.forward`` run under autocast and return fp32 outputs (no-op without mixed precision)."""

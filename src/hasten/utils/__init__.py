@@ -24,6 +24,7 @@ _EXPORTS = build_table({
     "hasten.utils.numa": ["set_numa_affinity", "override_numa_affinity", "NumaUnavailableError"],
     "hasten.utils.xla": ["install_xla"],
     "hasten.utils.network": ["find_free_port", "is_port_in_use"],
+    "hasten.utils.tqdm": ["tqdm"],
     "hasten.utils.imports": ["is_deepspeed_available", "is_bnb_available", "is_torchdata_stateful_dataloader_available",
                              "is_megatron_lm_available", "is_tensorboard_available", "is_wandb_available",
                              "is_mlflow_available", "is_torchao_available", "require_extra"],

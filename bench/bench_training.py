@@ -1,0 +1,144 @@
+"""One training epoch of a small MLP on 2 processes (DDP, gloo): plain PyTorch vs hasten vs Accelerate.
+
+    python bench/bench_training.py [--json out.json]   # launches itself on 2 processes, once per setting
+
+The model is tiny so that the step time is dominated by framework overhead: the ratio shows what hasten
+adds to a plain DDP loop (target <= 1.03, and not above the reference library). Three settings: fp32, bf16
+autocast, and gradient accumulation over 4 batches. Each setting is one launch in which every library builds
+its Accelerator once, as in real use; the variants take turns in every repeat.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCK = Path(os.environ.get("HASTEN_TEST_LOCK", "/tmp/hasten-multiprocess-tests.lock"))
+SAMPLES, BATCH, REPEATS = 4096, 32, int(os.environ.get("BENCH_REPEATS", 7))
+CONFIGS = {"fp32": ("no", 1), "bf16": ("bf16", 1), "accumulation 4": ("no", 4)}
+
+
+def relaunch(argv) -> list:
+    sys.path.insert(0, str(ROOT / "src"))
+    from hasten.utils.network import find_free_port
+
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
+    rows = []
+    for label in CONFIGS:
+        out = Path(f"/tmp/hasten-bench-training-{os.getpid()}.json")
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                   str(find_free_port()), __file__, "--worker", label, str(out)]
+        with open(LOCK, "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            code = subprocess.call(command, env=env)
+        if code != 0:
+            raise SystemExit(f"benchmark worker failed for {label} (exit {code})")
+        rows += json.loads(out.read_text())
+        out.unlink()
+    print(f"{'benchmark':40} {'variant':11} {'median ms':>10} {'ratio':>7}")
+    for row in rows:
+        print(f"{row['benchmark']:40} {row['variant']:11} {row['median_s'] * 1e3:10.1f} {row['ratio']:7.3f}")
+    if "--json" in argv:
+        Path(argv[argv.index("--json") + 1]).write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+def worker(label: str, json_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    precision, accumulation = CONFIGS[label]
+    reference = None
+    try:  # the reference shards on CPU only with cpu=True and only when it creates the process group itself
+        import accelerate
+
+        reference = accelerate.Accelerator(cpu=True, mixed_precision=precision, gradient_accumulation_steps=accumulation)
+    except ImportError:
+        dist.init_process_group("gloo")
+    import hasten
+
+    mine = hasten.Accelerator(mixed_precision=precision, gradient_accumulation_steps=accumulation)
+    world = dist.get_world_size()
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(SAMPLES, 32, generator=g), torch.randint(0, 10, (SAMPLES,), generator=g))
+
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+        return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def plain():
+        model, optimizer = model_and_optimizer()
+        model = nn.parallel.DistributedDataParallel(model)
+        loader = DataLoader(data, batch_size=BATCH, sampler=DistributedSampler(data, shuffle=False))
+
+        def epoch():
+            for step, (x, y) in enumerate(loader):
+                sync = (step + 1) % accumulation == 0 or step + 1 == len(loader)
+                with model.no_sync() if not sync else torch.enable_grad():
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                        out = model(x)
+                    loss = nn.functional.cross_entropy(out.float(), y) / accumulation
+                    loss.backward()
+                if sync:
+                    optimizer.step()
+                    optimizer.zero_grad()
+        return epoch
+
+    def with_library(accelerator):
+        model, optimizer = model_and_optimizer()
+        model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=BATCH))
+
+        def epoch():
+            for x, y in loader:
+                with accelerator.accumulate(model):
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    accelerator.backward(loss)
+                    optimizer.step()
+                    optimizer.zero_grad()
+        return epoch
+
+    epochs = {"torch": plain(), "hasten": with_library(mine)}
+    if reference is not None:
+        assert reference.num_processes == world, "the reference library did not shard"
+        epochs["accelerate"] = with_library(reference)
+    times = {name: [] for name in epochs}
+    for epoch in epochs.values():
+        epoch()  # warm-up
+    for _ in range(REPEATS):
+        for name, epoch in epochs.items():
+            dist.barrier()
+            start = time.perf_counter()
+            epoch()
+            elapsed = torch.tensor(time.perf_counter() - start)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            times[name].append(float(elapsed))
+    base = statistics.median(times["torch"])
+    rows = [{"benchmark": f"DDP epoch, small MLP, {label}", "variant": name, "median_s": statistics.median(values),
+             "min_s": min(values), "repeats": REPEATS, "ratio": statistics.median(values) / base, "note": ""}
+            for name, values in times.items()]
+    if dist.get_rank() == 0:
+        Path(json_path).write_text(json.dumps(rows))
+    dist.barrier()
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--worker" in argv:
+        position = argv.index("--worker")
+        worker(argv[position + 1], argv[position + 2])
+        return None
+    return relaunch(argv)
+
+
+if __name__ == "__main__":
+    main()
