@@ -34,18 +34,20 @@ def clean_env(**extra) -> dict:
     return env
 
 
-def run_launch(script, *script_args, num_processes: int = 2, launch_args=(), timeout: float = 240,
+def run_launch(script, *script_args, num_processes: int | None = 2, launch_args=(), timeout: float = 240,
                env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``hasten launch -n N [launch_args] script [script_args]`` and return the finished process.
+    """Run ``hasten launch [-n N] [launch_args] script [script_args]`` and return the finished process.
 
-    ``script`` is a path or a file name under tests/distributed/. With ``check`` a non-zero exit fails the
-    test and shows the job's output.
+    ``script`` is a path or a file name under tests/distributed/ (a module name when ``-m`` is among
+    ``launch_args``). ``num_processes=None`` leaves ``-n`` out (e.g. a config file decides). With ``check`` a
+    non-zero exit fails the test and shows the job's output.
     """
-    path = Path(script)
-    if not path.is_absolute() and not path.exists():
-        path = DISTRIBUTED / path
-    command = [sys.executable, "-m", "hasten", "launch", "-n", str(num_processes), *launch_args, str(path),
-               *map(str, script_args)]
+    target = str(script)
+    is_module = "-m" in launch_args or "--module" in launch_args
+    if not is_module and not Path(target).is_absolute() and not Path(target).exists():
+        target = str(DISTRIBUTED / target)
+    layout = ["-n", str(num_processes)] if num_processes is not None else []
+    command = [sys.executable, "-m", "hasten", "launch", *layout, *launch_args, target, *map(str, script_args)]
     with _one_multiprocess_job_at_a_time():
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                                 env=env if env is not None else clean_env(), cwd=ROOT)

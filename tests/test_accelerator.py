@@ -410,3 +410,22 @@ def test_tqdm_is_disabled_off_the_main_process(monkeypatch):
     assert not tqdm(range(3)).disable
     monkeypatch.setitem(PartialState._shared_state, "local_process_index", 1)
     assert tqdm(range(3)).disable and not tqdm(range(3), main_process_only=False).disable
+
+
+def test_default_config_values_do_not_contradict_code(monkeypatch, tmp_path):
+    """A config written by `hasten config default` says mixed_precision: no; choosing bf16 in code is fine."""
+    from hasten.utils import write_basic_config
+
+    path = tmp_path / "default_config.yaml"
+    write_basic_config(save_location=str(path))
+    monkeypatch.setenv("HASTEN_CONFIG_FILE", str(path))
+    assert Accelerator(mixed_precision="bf16").mixed_precision == "bf16"
+
+
+def test_launcher_flag_over_config_file_is_not_a_conflict(monkeypatch, tmp_path):
+    """`hasten launch --config_file cfg --mixed_precision bf16` with cfg saying fp16: the flag already won."""
+    path = tmp_path / "cfg.yaml"
+    path.write_text("distributed_type: NO\nmixed_precision: fp16\nnum_processes: 1\n")
+    monkeypatch.setenv("HASTEN_CONFIG_FILE", str(path))
+    monkeypatch.setenv("HASTEN_MIXED_PRECISION", "bf16")
+    assert Accelerator().mixed_precision == "bf16"

@@ -14,3 +14,8 @@ def test_demo_and_by_feature_examples():
     assert "evaluation example OK" in result.stdout
     result = run_launch(ROOT / "examples" / "by_feature" / "gradient_accumulation.py", num_processes=2)
     assert "gradient accumulation example OK" in result.stdout
+
+
+def test_init_process_group_timeout_bounds_collectives():
+    result = run_launch("check_timeout.py", num_processes=2, timeout=120)
+    assert "timeout honoured" in result.stdout

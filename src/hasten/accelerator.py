@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 from typing import Any, Callable, Optional
 
 import torch
@@ -19,6 +18,7 @@ from .compile import apply_dynamo_plugin, remove_regional_compilation
 from .config.accelerator_settings import SPLIT_BATCHES_UNSET, resolve_accelerator_settings
 from .config.kwargs import AutocastKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs
 from .evaluation import gather_for_metrics as _gather_for_metrics
+from .logging import get_logger
 from .optimizer import AcceleratedOptimizer
 from .precision import MixedPrecision
 from .scheduler import AcceleratedScheduler
@@ -29,8 +29,6 @@ from .utils.memory import release_memory
 from .utils.serialization import save as _save
 
 __all__ = ["Accelerator"]
-
-logger = logging.getLogger(__name__)
 
 _LR_SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
@@ -340,7 +338,7 @@ class Accelerator:
         if not split_batches and self.num_processes > 1 and self.step_scheduler_with_optimizer \
                 and not self._told_about_scheduler:
             self._told_about_scheduler = True
-            logger.info(
+            get_logger(__name__).warning(
                 "The prepared scheduler advances %d steps per optimizer step (one per process), so a schedule "
                 "written in single-process steps keeps its meaning. Use "
                 "DataLoaderConfiguration(split_batches=True) for one scheduler step per optimizer step.",

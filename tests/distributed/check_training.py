@@ -124,6 +124,19 @@ def check_no_sync_keeps_gradients_local():
     assert torch.allclose(gathered[0], gathered[1]), "the last batch of a cycle must all-reduce"
 
 
+def check_evaluation_mode_and_state_dict():
+    reset()
+    accelerator = Accelerator()
+    model = make_model()
+    evaluated = accelerator.prepare_model(model, evaluation_mode=True)
+    assert not isinstance(evaluated, nn.parallel.DistributedDataParallel)
+    trained = accelerator.prepare(make_model())
+    assert isinstance(trained, nn.parallel.DistributedDataParallel)
+    state = accelerator.get_state_dict(trained)
+    assert set(state) == set(make_model().state_dict()) and not any(k.startswith("module.") for k in state)
+    assert all(k.startswith("module.") for k in accelerator.get_state_dict(trained, unwrap=False))
+
+
 def check_trigger():
     reset()
     accelerator = Accelerator()
@@ -212,6 +225,7 @@ def main():
     check_gather_for_metrics()
     check_no_sync_keeps_gradients_local()
     check_trigger()
+    check_evaluation_mode_and_state_dict()
     check_join_uneven_inputs()
     check_token_level_loss_across_processes()
     check_local_sgd_and_comm_hook()

@@ -35,13 +35,32 @@ class AcceleratorSettings:
     handlers: dict = field(default_factory=dict)
 
 
+# config-file key -> (HASTEN_ setting the launcher exports it as, the value that means "not given")
+_CONFIG_SETTINGS = {"mixed_precision": ("mixed_precision", "no"), "use_cpu": ("use_cpu", False),
+                    "gradient_accumulation_steps": ("gradient_accumulation_steps", 1)}
+
+
 def _launcher_config() -> tuple[dict, Optional[str]]:
+    """The settings of the config file named by ``HASTEN_CONFIG_FILE`` that still count.
+
+    ``hasten launch`` already merged the file with its flags into ``HASTEN_*`` variables: where such a variable
+    is set, it is the launcher's word and the file's value is not compared again. A value equal to the default
+    (``write_basic_config`` writes ``mixed_precision: no``) counts as not given.
+    """
     path = os.environ.get(env_name("config_file"))
     if not path:
         return {}, None
     from .config_file import load_config_file
 
-    return load_config_file(path), path
+    raw = load_config_file(path)
+    config = {}
+    for key, (setting, neutral) in _CONFIG_SETTINGS.items():
+        if key in raw and os.environ.get(env_name(setting)) in (None, "") and raw[key] != neutral:
+            config[key] = raw[key]
+    backend = (raw.get("dynamo_config") or {}).get("dynamo_backend")
+    if backend is not None and os.environ.get(env_name("dynamo_backend")) in (None, "") and str(backend).upper() != "NO":
+        config["dynamo_backend"] = backend
+    return config, path
 
 
 def _positive_int(what: str):
@@ -124,8 +143,8 @@ def resolve_accelerator_settings(*, mixed_precision=None, cpu=False, gradient_ac
         raise ValueError("Pass dynamo_backend or dynamo_plugin, not both: set TorchDynamoPlugin(backend=...).")
     if dynamo_plugin is None:
         backend = dynamo_backend
-        if backend is None and os.environ.get(env_name("dynamo_backend")) is None:
-            backend = (config.get("dynamo_config") or {}).get("dynamo_backend")
+        if backend is None:
+            backend = config.get("dynamo_backend")
         dynamo_plugin = TorchDynamoPlugin(backend=backend)
 
     use_cpu = bool(cpu) or bool(config.get("use_cpu", False))

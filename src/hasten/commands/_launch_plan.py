@@ -1,0 +1,422 @@
+"""From ``hasten launch`` flags and the config file to torchrun's arguments and the workers' environment.
+
+Nothing is started here: every rule (flag > config file > default, validation, ports, thread counts) is
+a pure function of the parsed flags, the config dict and a few machine facts, so each can be unit-tested.
+
+``--num_processes`` is the TOTAL number of processes over all machines, as in Accelerate: each machine
+starts ``num_processes // num_machines`` of them.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+from ..config.enums import DistributedType, DynamoBackend, PrecisionType
+from ..utils.environment import env_name, str_to_bool
+from ._errors import CommandError
+
+RUNNER_MODULE = "hasten.commands._run_script"
+DEFAULT_MULTI_MACHINE_PORT = 29500
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+
+
+@dataclass
+class LaunchPlan:
+    """What ``hasten launch`` will do: torchrun's command line, the workers' extra environment, notes to print."""
+
+    torchrun_args: list
+    env: dict
+    notes: list
+    settings: dict  # the resolved values, by flag name
+    config_path: Optional[str] = None
+    program: str = ""  # the script, module or executable, as the user wrote it
+    sources: dict = field(default_factory=dict)  # flag name -> "flag" | "config file" | "default"
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+def _integer(value, minimum: int) -> int:
+    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"expected a whole number, got {value!r}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected a whole number, got {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"must be at least {minimum}, got {number}")
+    return number
+
+
+def _positive(value) -> int:
+    return _integer(value, 1)
+
+
+def _non_negative(value) -> int:
+    return _integer(value, 0)
+
+
+def _port(value) -> int:
+    port = _integer(value, 0)
+    if port > 65535:
+        raise ValueError(f"a port is a number from 0 to 65535, got {port}")
+    return port
+
+
+def _boolean(value) -> bool:
+    return value if isinstance(value, bool) else bool(str_to_bool(value))
+
+
+def _precision(value) -> str:
+    return PrecisionType.parse(value, "mixed precision").value
+
+
+def _dynamo(value) -> str:
+    return DynamoBackend.parse(str(value).upper(), "dynamo backend").value
+
+
+def _rdzv_backend(value) -> str:
+    text = str(value).strip().lower()
+    if text not in RDZV_BACKENDS:
+        raise ValueError(f"unknown rendezvous backend {value!r}; choose one of {', '.join(RDZV_BACKENDS)}")
+    return text
+
+
+def _text(value) -> str:
+    return str(value)
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """One launcher setting: its flag (the argparse dest), where it sits in the config dict, how to parse it."""
+
+    name: str
+    parse: Callable[[Any], Any]
+    config_key: Optional[tuple] = None  # path into the config dict; None: flag only
+    is_switch: bool = False  # a flag without a value (--cpu)
+
+
+def _key(*path: str) -> tuple:
+    return path
+
+
+SETTINGS = (
+    _Setting("num_processes", _positive, _key("num_processes")),
+    _Setting("num_machines", _positive, _key("num_machines")),
+    _Setting("machine_rank", _non_negative, _key("machine_rank")),
+    _Setting("main_process_ip", _text, _key("main_process_ip")),
+    _Setting("main_process_port", _port, _key("main_process_port")),
+    _Setting("rdzv_backend", _rdzv_backend, _key("rdzv_backend")),
+    _Setting("rdzv_conf", _text, _key("rdzv_conf")),
+    _Setting("max_restarts", _non_negative, _key("max_restarts")),
+    _Setting("monitor_interval", float, _key("monitor_interval")),
+    _Setting("mixed_precision", _precision, _key("mixed_precision")),
+    _Setting("cpu", _boolean, _key("use_cpu"), is_switch=True),
+    _Setting("gpu_ids", _text, _key("gpu_ids")),
+    _Setting("gradient_accumulation_steps", _positive, _key("gradient_accumulation_steps")),
+    _Setting("dynamo_backend", _dynamo, _key("dynamo_config", "dynamo_backend")),
+    _Setting("dynamo_mode", _text, _key("dynamo_config", "dynamo_mode")),
+    _Setting("dynamo_use_fullgraph", _boolean, _key("dynamo_config", "dynamo_use_fullgraph")),
+    _Setting("dynamo_use_dynamic", _boolean, _key("dynamo_config", "dynamo_use_dynamic")),
+    _Setting("dynamo_use_regional_compilation", _boolean, _key("dynamo_config", "dynamo_use_regional_compilation")),
+    _Setting("debug", _boolean, _key("debug"), is_switch=True),
+    _Setting("num_cpu_threads_per_process", _positive, None),
+    _Setting("tee", _text, None),
+    _Setting("log_dir", _text, None),
+)
+
+DEFAULTS = {"num_machines": 1, "machine_rank": 0, "rdzv_backend": "static", "max_restarts": 0,
+            "monitor_interval": 0.1, "cpu": False, "debug": False}
+
+# resolved setting -> the HASTEN_* variable that carries it to the script (set only when given explicitly)
+SETTING_ENV = {
+    "mixed_precision": "mixed_precision",
+    "cpu": "use_cpu",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "dynamo_backend": "dynamo_backend",
+    "dynamo_mode": "dynamo_mode",
+    "dynamo_use_fullgraph": "dynamo_use_fullgraph",
+    "dynamo_use_dynamic": "dynamo_use_dynamic",
+    "dynamo_use_regional_compilation": "dynamo_use_regional_compilation",
+    "debug": "debug_mode",
+}
+
+# What the script assumes when a setting is not given. A config file value equal to it (write_basic_config
+# writes `mixed_precision: no`) is not exported: it would otherwise contradict an argument in code.
+SCRIPT_DEFAULTS = {"mixed_precision": "no", "cpu": False, "gradient_accumulation_steps": 1, "dynamo_backend": "NO",
+                   "dynamo_mode": "default", "dynamo_use_fullgraph": False, "dynamo_use_dynamic": False,
+                   "dynamo_use_regional_compilation": False, "debug": False}
+
+# distributed_type in a config file -> the HASTEN_USE_* switch that tells the script which strategy to use
+STRATEGY_ENV = {DistributedType.FSDP.value: "use_fsdp", DistributedType.DEEPSPEED.value: "use_deepspeed",
+                DistributedType.MEGATRON_LM.value: "use_megatron_lm"}
+
+
+def _flag_text(name: str) -> str:
+    return "--" + name
+
+
+def _show(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _sentence(error) -> str:
+    text = str(error).strip()
+    return text if text.endswith(".") else text + "."
+
+
+def _config_value(config: Mapping, path: tuple):
+    value = config
+    for index, part in enumerate(path):
+        if not isinstance(value, Mapping):
+            return None
+        found = value.get(part)
+        if found is None and index == len(path) - 1 and part.startswith("dynamo_"):
+            found = value.get(part[len("dynamo_"):])  # dynamo_config may spell keys without the prefix
+        value = found
+    return value
+
+
+def resolve_settings(args, config: Optional[Mapping], config_path: Optional[str]):
+    """Each setting from its flag, else the config file, else its default: ``(values, sources, notes)``.
+
+    A flag that contradicts the config file wins and adds a note saying so.
+    """
+    values, sources, notes = {}, {}, []
+    for setting in SETTINGS:
+        raw_flag = getattr(args, setting.name, None)
+        raw_file = _config_value(config, setting.config_key) if config and setting.config_key else None
+        from_flag = from_file = None
+        if raw_flag is not None:
+            try:
+                from_flag = setting.parse(raw_flag)
+            except ValueError as error:
+                raise CommandError(f"{_flag_text(setting.name)} {raw_flag!r}: {_sentence(error)}") from None
+        if raw_file is not None:
+            try:
+                from_file = setting.parse(raw_file)
+            except ValueError as error:
+                key = ".".join(setting.config_key)
+                raise CommandError(f"{key}: {raw_file!r} in the config file {config_path}: {_sentence(error)} "
+                                   "Fix the file or pass the setting on the command line.") from None
+        if from_flag is not None:
+            values[setting.name], sources[setting.name] = from_flag, "flag"
+            if from_file is not None and from_file != from_flag:
+                shown = _flag_text(setting.name) + ("" if setting.is_switch else f" {_show(from_flag)}")
+                notes.append(f"hasten launch: {shown} overrides {setting.config_key[-1]}: {_show(from_file)} "
+                             f"from {config_path}")
+        elif from_file is not None:
+            values[setting.name], sources[setting.name] = from_file, "config file"
+        else:
+            values[setting.name], sources[setting.name] = DEFAULTS.get(setting.name), "default"
+    return values, sources, notes
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def _check_target(args) -> None:
+    script = args.training_script
+    if args.module and args.no_python:
+        raise CommandError("--module and --no_python cannot be used together: -m runs a Python module, "
+                           "--no_python runs an executable.")
+    if args.module:
+        top = script.split(".")[0]
+        saved = list(sys.path)
+        sys.path.insert(0, os.getcwd())  # the workers run `python -m` here, which puts the cwd first
+        try:
+            found = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            found = False
+        finally:
+            sys.path[:] = saved
+        if not found:
+            raise CommandError(f"-m {script}: no module named {top!r} can be imported from {os.getcwd()} "
+                               "(or PYTHONPATH). Check the name, or run from the folder that contains it.")
+    elif args.no_python:
+        if shutil.which(script) is None:
+            raise CommandError(f"--no_python {script}: no such executable (not a file, not on PATH).")
+    elif not (Path(script).is_file() or (Path(script) / "__main__.py").is_file()):
+        raise CommandError(f"the script {script!r} does not exist (looked from {os.getcwd()}). Pass the path of "
+                           "a Python file, or -m package.module to run a module.")
+
+
+_TEE = re.compile(r"^[0-3]$|^\d+:[0-3](,\d+:[0-3])*$")
+
+
+def _check_values(values: dict) -> None:
+    machines, total = values["num_machines"], values["num_processes"]
+    if total % machines:
+        raise CommandError(f"--num_processes {total} is the total over all machines and must be divisible by "
+                           f"--num_machines {machines} (each machine runs num_processes // num_machines).")
+    if values["machine_rank"] >= machines:
+        raise CommandError(f"--machine_rank {values['machine_rank']} must be smaller than --num_machines "
+                           f"{machines} (machines are numbered from 0).")
+    if machines > 1 and not values["main_process_ip"]:
+        raise CommandError(f"--num_machines {machines} needs --main_process_ip: the address of machine 0, which "
+                           "every machine connects to.")
+    if machines > 1 and values["main_process_port"] == 0:
+        raise CommandError("--main_process_port 0 (pick a free port) only works on one machine: every machine "
+                           f"must be given the same port, e.g. --main_process_port {DEFAULT_MULTI_MACHINE_PORT}.")
+    if values["monitor_interval"] <= 0:
+        raise CommandError(f"--monitor_interval must be positive (seconds), got {values['monitor_interval']}.")
+    conf = values.get("rdzv_conf")
+    if conf and any("=" not in item for item in conf.split(",")):
+        raise CommandError(f"--rdzv_conf {conf!r}: write key=value pairs separated by commas, e.g. "
+                           "'join_timeout=600,read_timeout=60'.")
+    tee = values.get("tee")
+    if tee and not _TEE.match(tee):
+        raise CommandError(f"--tee {tee!r}: use 0 (none), 1 (stdout), 2 (stderr) or 3 (both), for all local "
+                           "ranks, or per rank as 'RANK:N,RANK:N' (e.g. '0:3,1:2').")
+
+
+# ---------------------------------------------------------------------------------------------- machine facts
+def usable_cpu_count() -> int:
+    """CPU cores this process may run on (respects taskset / cgroup affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def accelerator_count() -> int:
+    """Accelerators (GPUs ...) torch can see; 0 on a CPU-only machine. Imports torch."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.xpu.device_count()
+    return 0
+
+
+def threads_per_process(cpu_count: int, processes_here: int) -> int:
+    """Default OMP threads for each of ``processes_here`` processes sharing ``cpu_count`` cores."""
+    return max(1, cpu_count // max(1, processes_here))
+
+
+def choose_port(values: dict, find_free_port: Callable[[], int], is_port_in_use: Callable[[int, str], bool]) -> int:
+    """The rendezvous port: a free one on a single machine unless one was given; 29500 across machines."""
+    port = values["main_process_port"]
+    single = values["num_machines"] == 1
+    if single and not port:
+        return find_free_port()
+    if port is None:
+        port = DEFAULT_MULTI_MACHINE_PORT
+    if values["rdzv_backend"] == "static" and values["machine_rank"] == 0:
+        host = values["main_process_ip"] if single and values["main_process_ip"] else "127.0.0.1"
+        if is_port_in_use(port, host):
+            raise CommandError(f"--main_process_port {port} is already in use on {host} (another job?). Pass "
+                               "--main_process_port 0 to pick a free port, or another port number.")
+    return port
+
+
+def _restartable_rendezvous(values: dict) -> Optional[str]:
+    """With ``--max_restarts`` the static rendezvous is replaced by c10d, which can form the group again.
+
+    torchrun's static rendezvous keeps one store for every attempt, so restarted workers find the
+    previous attempt's entries and hang or fail. On one machine hasten switches to a c10d rendezvous
+    (``"localhost:0"`` when no port was given, else the endpoint); across machines it asks for it.
+    Returns the c10d endpoint to use, or None to keep the configured backend.
+    """
+    if values["max_restarts"] == 0 or values["rdzv_backend"] != "static":
+        return None
+    if values["num_machines"] > 1:
+        raise CommandError("--max_restarts across machines needs --rdzv_backend c10d: torchrun's static rendezvous "
+                           "cannot form the group again after a failure.")
+    if not values["main_process_port"]:
+        return "localhost:0"
+    return f"{values['main_process_ip'] or '127.0.0.1'}:{values['main_process_port']}"
+
+
+def worker_env(values: dict, sources: dict, config: Optional[Mapping], config_path: Optional[str],
+               environ: Mapping, cpu_count: int, per_machine: int) -> dict:
+    """The variables ``hasten launch`` adds to the workers' environment."""
+    env = {}
+    for name, setting in SETTING_ENV.items():
+        if sources[name] == "default":  # only what was given: a default must not contradict the script
+            continue
+        if sources[name] == "config file" and _show(values[name]) == _show(SCRIPT_DEFAULTS.get(name)):
+            continue
+        env[env_name(setting)] = _show(values[name])
+    if config_path:
+        env[env_name("config_file")] = str(config_path)
+        kind = str(config.get("distributed_type") or "").upper() if config else ""
+        if kind in STRATEGY_ENV:
+            env[env_name(STRATEGY_ENV[kind])] = "true"
+    gpu_ids = values.get("gpu_ids")
+    if gpu_ids and gpu_ids.strip().lower() != "all":
+        env["CUDA_VISIBLE_DEVICES"] = gpu_ids.strip()
+    if values["num_cpu_threads_per_process"] is not None:
+        env["OMP_NUM_THREADS"] = str(values["num_cpu_threads_per_process"])
+    elif "OMP_NUM_THREADS" not in environ:
+        env["OMP_NUM_THREADS"] = str(threads_per_process(cpu_count, per_machine))
+    if values["max_restarts"] > 0 and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in environ:
+        # Workers that share the agent's store read the previous attempt's keys after a restart and
+        # hang or fail (pytorch/pytorch#135712): give each attempt its own store.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return env
+
+
+def torchrun_arguments(args, values: dict, per_machine: int, port: Optional[int], restartable: Optional[str]) -> list:
+    """torchrun's command line: the layout, the rendezvous, then the runner (or executable) and its arguments."""
+    address = values["main_process_ip"] or "127.0.0.1"
+    backend = "c10d" if restartable else values["rdzv_backend"]
+    torchrun = ["--nnodes", str(values["num_machines"]), "--nproc_per_node", str(per_machine),
+                "--rdzv_backend", backend, "--max_restarts", str(values["max_restarts"]),
+                "--monitor_interval", str(values["monitor_interval"])]
+    if backend == "static":
+        torchrun += ["--node_rank", str(values["machine_rank"]), "--master_addr", address, "--master_port", str(port)]
+    elif restartable == "localhost:0":
+        torchrun += ["--rdzv_endpoint", restartable, "--rdzv_id", f"hasten-{uuid.uuid4().hex[:12]}"]
+    else:
+        torchrun += ["--rdzv_endpoint", f"{address}:{port}"]
+    for name in ("rdzv_conf", "tee", "log_dir"):
+        if values.get(name):
+            torchrun += ["--" + name, str(values[name])]
+    script_args = list(args.training_script_args or [])
+    if args.no_python:
+        return torchrun + ["--no_python", args.training_script, *script_args]
+    mode = "module" if args.module else "path"
+    return torchrun + ["--module", RUNNER_MODULE, mode, args.training_script, *script_args]
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str] = None, *,
+               environ: Optional[Mapping] = None, cpu_count: Optional[int] = None,
+               count_accelerators: Callable[[], int] = accelerator_count,
+               find_free_port: Optional[Callable[[], int]] = None,
+               is_port_in_use: Optional[Callable[[int, str], bool]] = None) -> LaunchPlan:
+    """Validate everything and return the plan; raises ``CommandError`` (nothing started) on bad input."""
+    environ = os.environ if environ is None else environ
+    if find_free_port is None or is_port_in_use is None:
+        from ..utils import network
+
+        find_free_port = find_free_port or network.find_free_port
+        is_port_in_use = is_port_in_use or network.is_port_in_use
+    values, sources, notes = resolve_settings(args, config, config_path)
+    if values["num_processes"] is None:
+        found = 0 if values["cpu"] else count_accelerators()
+        values["num_processes"] = max(1, found)
+        if found > 1:
+            notes.append(f"hasten launch: --num_processes not given; starting {found} processes, one per "
+                         "accelerator (pass -n to choose).")
+    _check_values(values)
+    _check_target(args)
+    per_machine = values["num_processes"] // values["num_machines"]
+    restartable = _restartable_rendezvous(values)
+    if restartable == "localhost:0":
+        port = None  # the c10d rendezvous store binds a free port itself
+    else:
+        port = choose_port(values, find_free_port, is_port_in_use)
+    values["main_process_port"] = port
+
+    env = worker_env(values, sources, config, config_path, environ,
+                     usable_cpu_count() if cpu_count is None else cpu_count, per_machine)
+    torchrun = torchrun_arguments(args, values, per_machine, port, restartable)
+    return LaunchPlan(torchrun_args=torchrun, env=env, notes=notes, settings=values,
+                      config_path=str(config_path) if config_path else None, program=args.training_script,
+                      sources=sources)

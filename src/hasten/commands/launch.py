@@ -1,0 +1,160 @@
+"""``hasten launch``: run a script on N processes of this machine, or across machines.
+
+The processes are started and watched by torchrun's elastic agent (``torch.distributed.run``), called in
+this process: hasten only turns its flags and the config file into torchrun's arguments and ``HASTEN_*``
+environment variables (see ``_launch_plan``). When one rank fails, the agent stops the others and the
+job ends with a non-zero status and the failing rank's traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from ._errors import CommandError
+from ._flags import add_flag
+from ._launch_plan import LaunchPlan, build_plan
+
+__all__ = ["add_parser", "run", "launch_command_parser", "load_launch_config", "execute"]
+
+_DESCRIPTION = (
+    "Run SCRIPT on --num_processes processes (the total over all machines) with torchrun's elastic agent. "
+    "Settings reach the script as HASTEN_* environment variables; flags override the config file."
+)
+
+
+def _define(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    add_flag(parser, "config_file", default=None, metavar="PATH",
+             help="config file to read (default: the one written by `hasten config default`, if it exists)")
+    procs = parser.add_argument_group("processes and machines")
+    add_flag(procs, "num_processes", "-n", type=int, default=None, metavar="N",
+             help="total number of processes over all machines (default: one per GPU, else 1)")
+    add_flag(procs, "num_machines", type=int, default=None, metavar="N", help="number of machines (default 1)")
+    add_flag(procs, "machine_rank", type=int, default=None, metavar="RANK", help="this machine's index, from 0")
+    add_flag(procs, "main_process_ip", default=None, metavar="ADDRESS", help="address of machine 0")
+    add_flag(procs, "main_process_port", type=int, default=None, metavar="PORT",
+             help="port on machine 0 (0 or absent on one machine: a free port; 29500 across machines)")
+    add_flag(procs, "rdzv_backend", default=None, metavar="NAME",
+             help="torchrun rendezvous backend: static (default), c10d, etcd")
+    add_flag(procs, "rdzv_conf", default=None, metavar="K=V,...", help="extra rendezvous settings")
+    add_flag(procs, "max_restarts", type=int, default=None, metavar="N",
+             help="restart the whole worker group up to N times after a failure (default 0)")
+    add_flag(procs, "monitor_interval", type=float, default=None, metavar="SECONDS",
+             help="how often the agent checks its workers (default 0.1)")
+    add_flag(procs, "cpu", action="store_true", default=None, help="run on CPU even when GPUs are present")
+    add_flag(procs, "gpu_ids", default=None, metavar="IDS", help="GPUs to use, e.g. 0,1 (default all)")
+    add_flag(procs, "num_cpu_threads_per_process", type=int, default=None, metavar="N",
+             help="OMP_NUM_THREADS of each process (default: cores // processes on this machine)")
+    add_flag(procs, "multi_gpu", action="store_true", default=False,
+             help="accepted for Accelerate compatibility; hasten always starts --num_processes processes")
+    training = parser.add_argument_group("training settings (passed to the script)")
+    add_flag(training, "mixed_precision", default=None, metavar="MODE", help="no, fp16, bf16 or fp8")
+    add_flag(training, "gradient_accumulation_steps", type=int, default=None, metavar="N")
+    add_flag(training, "dynamo_backend", default=None, metavar="BACKEND", help="torch.compile backend, e.g. inductor")
+    add_flag(training, "dynamo_mode", default=None, metavar="MODE")
+    add_flag(training, "dynamo_use_fullgraph", action="store_true", default=None)
+    add_flag(training, "dynamo_use_dynamic", action="store_true", default=None)
+    add_flag(training, "dynamo_use_regional_compilation", action="store_true", default=None)
+    add_flag(training, "debug", action="store_true", default=None,
+             help="HASTEN_DEBUG_MODE=1: extra consistency checks in collectives")
+    program = parser.add_argument_group("the program")
+    add_flag(program, "module", "-m", action="store_true", default=False,
+             help="SCRIPT is a module name, run as `python -m SCRIPT`")
+    add_flag(program, "no_python", action="store_true", default=False,
+             help="SCRIPT is an executable, run without python")
+    add_flag(program, "tee", "-t", default=None, metavar="STREAMS",
+             help="also write stdout/stderr to files in --log_dir: 1 stdout, 2 stderr, 3 both")
+    add_flag(program, "log_dir", default=None, metavar="DIR", help="where torchrun writes the workers' logs")
+    parser.add_argument("training_script", metavar="SCRIPT", help="the Python script (or module, or executable)")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="...",
+                        help="arguments for the script")
+    return parser
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``hasten launch`` on the ``hasten`` parser."""
+    parser = subparsers.add_parser("launch", help="run a script on N processes and/or machines",
+                                   description=_DESCRIPTION)
+    return _define(parser)
+
+
+def launch_command_parser() -> argparse.ArgumentParser:
+    """A stand-alone parser for ``hasten launch``'s arguments (no ``launch`` word)."""
+    return _define(argparse.ArgumentParser(prog="hasten launch", description=_DESCRIPTION))
+
+
+def load_launch_config(config_file):
+    """``(path, settings)`` of the config file to use: the one given, else the default one if it exists."""
+    try:
+        from ..config import config_file as config_io
+    except ImportError as error:
+        if config_file:
+            raise CommandError(f"--config_file {config_file}: config files cannot be read here ({error}).") from None
+        return None, None
+    if config_file:
+        if not os.path.isfile(config_file):
+            raise CommandError(f"--config_file {config_file}: no such file. Write one with "
+                               "`hasten config default --config_file PATH`, or drop the flag.")
+        path = config_file
+    else:
+        path = str(config_io.default_config_path())
+        if not os.path.isfile(path):
+            return None, None
+    try:
+        return path, config_io.load_config_file(path)
+    except (ValueError, OSError) as error:
+        raise CommandError(f"cannot use the config file {path}: {error}") from None
+
+
+def root_cause(failures: dict):
+    """``(rank, failure)`` that started a failed job.
+
+    torch picks the earliest failure, but its timestamps have one-second resolution and a process the
+    agent stopped after the real failure (SIGTERM/SIGKILL, often with its own "connection closed"
+    error recorded) can look earlier. The earliest failure that was *not* such a stop is the root cause.
+    """
+    stopped = {-signal.SIGTERM, -signal.SIGKILL}
+    candidates = {rank: failure for rank, failure in failures.items() if failure.exitcode not in stopped}
+    candidates = candidates or failures
+    rank = min(candidates, key=lambda r: (candidates[r].timestamp, r))
+    return rank, candidates[rank]
+
+
+def execute(plan: LaunchPlan) -> int:
+    """Start the workers with torchrun's agent and wait; the job's exit status."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from ..utils.environment import patch_environment
+
+    class JobFailed(ChildFailedError):
+        """torch's failure summary, naming the user's program and the real root cause."""
+
+        def get_first_failure(self):
+            return root_cause(self.failures)
+
+    parsed = torchrun.parse_args(plan.torchrun_args)
+    with patch_environment(**plan.env):
+        try:
+            torchrun.run(parsed)
+        except ChildFailedError as failure:
+            summary = JobFailed(plan.program, failure.failures)
+            print(str(summary), file=sys.stderr)
+            code = summary.get_first_failure()[1].exitcode
+            return code if 0 < code < 256 else 1
+        except SignalException as stop:
+            print(f"hasten launch: stopped by signal {stop.sigval.name}; the workers were ended.", file=sys.stderr)
+            return 128 + int(stop.sigval)
+    return 0
+
+
+def run(args) -> int:
+    """``hasten launch``: validate everything, print notes (flag overrides), then run the job."""
+    path, config = load_launch_config(args.config_file)
+    plan = build_plan(args, config, path)
+    for note in plan.notes:
+        print(note, file=sys.stderr)
+    sys.stderr.flush()
+    return execute(plan)

@@ -1,0 +1,1 @@
+"""Scripts launched by ``hasten test`` (a package so they are installed with hasten)."""
