@@ -1,0 +1,189 @@
+"""Data loading: hasten vs plain PyTorch vs Accelerate, side by side.
+
+    python bench/bench_data_loading.py          # all three benchmarks (the first two launch 2 processes)
+
+1. Per-batch cost of a prepared loader, 2 processes: plain ``DataLoader`` + ``DistributedSampler`` (the
+   baseline) vs ``prepare_data_loader`` vs Accelerate's. Target: <= 1.02x the baseline, and not slower than
+   Accelerate.
+2. Dispatch (process 0 reads, every process receives its share), 2 processes: time per batch, hasten vs
+   Accelerate (baseline), i.e. the inverse of the throughput in batches/s.
+3. Time to the first batch after resuming at batch 10^3, 10^4 and 10^5 (one process): reading and dropping
+   batches (plain PyTorch), ``skip_first_batches`` and ``load_state_dict`` (hasten, plain and
+   StatefulDataLoader-backed), and Accelerate's ``skip_first_batches``. Flat in the position means O(1).
+
+``main()`` returns the rows of all three (``bench/run_all.py`` collects them).
+"""
+from __future__ import annotations
+
+import fcntl
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+from harness import compare, format_table, is_installed  # noqa: E402
+
+LOCK = Path(os.environ.get("HASTEN_TEST_LOCK", "/tmp/hasten-multiprocess-tests.lock"))
+PROCESSES = 2
+
+
+# --------------------------------------------------------------------------------------------- 2 processes
+def _timed_epoch(loader, before=None):
+    """A variant: one epoch after a barrier; returns seconds per batch."""
+    import time
+
+    import torch.distributed as dist
+
+    def run():
+        if before is not None:
+            before()
+        dist.barrier()
+        start = time.perf_counter()
+        count = 0
+        for _ in loader:
+            count += 1
+        return (time.perf_counter() - start) / max(count, 1)
+
+    return run
+
+
+def _distributed_rows() -> list:
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
+
+    from hasten.data import prepare_data_loader
+    from hasten.state import PartialState
+
+    state = PartialState()
+    rank, world = state.process_index, state.num_processes
+    reference = None
+    if is_installed("accelerate"):
+        from accelerate.data_loader import prepare_data_loader as reference
+        from accelerate.state import PartialState as ReferenceState
+
+        ReferenceState(cpu=True)  # Accelerate goes multi-process on CPU only when told cpu=True
+    rows = []
+
+    # 1. per-batch overhead over DataLoader + DistributedSampler
+    torch.manual_seed(0)
+    dataset = TensorDataset(torch.randn(32 * 400 * world, 32), torch.randint(0, 10, (32 * 400 * world,)))
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    plain = DataLoader(dataset, batch_size=32, sampler=sampler)
+    epochs = itertools.count()
+    ours = prepare_data_loader(DataLoader(dataset, batch_size=32, shuffle=True))
+    variants = {"torch": _timed_epoch(plain, before=lambda: sampler.set_epoch(next(epochs))),
+                "hasten": _timed_epoch(ours),
+                "accelerate": reference and _timed_epoch(reference(DataLoader(dataset, batch_size=32, shuffle=True),
+                                                                   num_processes=world, process_index=rank))}
+    rows += compare(f"per-batch time of a prepared loader, {world} processes (400 batches of 32 per epoch)",
+                    variants, repeats=15, warmup=2, show=rank == 0)
+
+    # 2. dispatch: process 0 reads, the others receive
+    class Stream(IterableDataset):
+        def __iter__(self):
+            for i in range(32 * 200 * world):
+                yield torch.full((128,), float(i)), i
+
+    for split in (False, True):
+        loader = DataLoader(Stream(), batch_size=32 if not split else 32 * world)
+        ours = prepare_data_loader(loader, dispatch_batches=True, split_batches=split, put_on_device=True)
+        theirs = reference and reference(DataLoader(Stream(), batch_size=32 if not split else 32 * world),
+                                         dispatch_batches=True, split_batches=split, put_on_device=True,
+                                         device=torch.device("cpu"))
+        rows += compare(f"dispatch, {world} processes, split_batches={split} (seconds per batch; "
+                        "1 / value = batches/s)",
+                        {"hasten": _timed_epoch(ours), "accelerate": _timed_epoch(theirs) if theirs is not None else None},
+                        repeats=9, warmup=1, baseline="accelerate", show=rank == 0)
+    dist.barrier()
+    return rows
+
+
+def _launch_distributed() -> list:
+    """Run ``_distributed_rows`` on 2 processes (one multi-process job on this machine at a time)."""
+    with tempfile.TemporaryDirectory(prefix="hasten-bench-data-") as folder:
+        output = Path(folder) / "rows.json"
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(PROCESSES),
+                   "--master_port", str(29700 + os.getpid() % 200), __file__, "--rows-file", str(output)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"),
+                                                                        os.environ.get("PYTHONPATH")])))
+        with open(LOCK, "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            code = subprocess.call(command, env=env)
+        if code != 0 or not output.exists():
+            raise RuntimeError(f"the 2-process data benchmark failed (exit status {code})")
+        return json.loads(output.read_text())
+
+
+# --------------------------------------------------------------------------------------------- resume
+def _resume_rows() -> list:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from hasten.data import prepare_data_loader, skip_first_batches
+
+    class Indices(Dataset):
+        def __len__(self):
+            return 2**20
+
+        def __getitem__(self, index):
+            return index
+
+    def loader():
+        return DataLoader(Indices(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+    reference = None
+    if is_installed("accelerate"):
+        from accelerate.data_loader import prepare_data_loader as reference_prepare
+        from accelerate.data_loader import skip_first_batches as reference_skip
+
+        reference = reference_prepare(loader(), num_processes=1, process_index=0)
+    ours = prepare_data_loader(loader())
+    stateful = prepare_data_loader(loader(), use_stateful_dataloader=True) if is_installed("torchdata") else None
+    rows = []
+    for position in (10**3, 10**4, 10**5):
+        state = None
+        if stateful is not None:
+            iterator = iter(stateful)
+            for _ in range(position):
+                next(iterator)
+            state = stateful.state_dict()
+            del iterator
+        plain = loader()
+        variants = {
+            "torch": lambda: next(itertools.islice(iter(plain), position, None)),
+            "hasten skip_first_batches": lambda: next(iter(skip_first_batches(ours, position))),
+            "hasten load_state_dict": lambda: (ours.load_state_dict({"epoch": 0, "batches_yielded": position}),
+                                               next(iter(ours))),
+            "hasten stateful load_state_dict": state and (lambda: (stateful.load_state_dict(state),
+                                                                   next(iter(stateful)))),
+            "accelerate skip_first_batches": reference and (lambda: next(iter(reference_skip(reference, position)))),
+        }
+        rows += compare(f"first batch after resuming at batch {position:,} (1 process, 2^20 samples, batch 8)",
+                        variants, repeats=3 if position >= 10**5 else 5, warmup=0)
+    return rows
+
+
+def main() -> list:
+    rows = _resume_rows()
+    rows += _launch_distributed()
+    return rows
+
+
+if __name__ == "__main__":
+    if "LOCAL_RANK" in os.environ:  # a rank of the 2-process part
+        rows_file = Path(sys.argv[sys.argv.index("--rows-file") + 1])
+        result = _distributed_rows()
+        if int(os.environ.get("RANK", 0)) == 0:
+            rows_file.write_text(json.dumps(result))
+        from hasten.state import PartialState
+
+        PartialState().destroy_process_group()
+    else:
+        print("\n" + format_table(main()))

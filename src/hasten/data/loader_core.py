@@ -1,0 +1,286 @@
+"""What every prepared loader shares: epochs, position, exact resume, and randomness that stays private.
+
+A prepared loader is a real ``torch.utils.data.DataLoader`` subclass (or, with ``use_stateful_dataloader``,
+also a subclass of torchdata's ``StatefulDataLoader``). On top of it, this module keeps:
+
+- the epoch (``iteration``) and the number of batches yielded in the current pass;
+- ``state_dict()`` / ``load_state_dict()``: the epoch, the position, the states the random generators had
+  when the pass started and, where they exist, the dataset's or torchdata's own state. Loading makes the
+  next pass start exactly there: by starting the batch sampler at that batch (no sample is loaded), by
+  restoring the dataset or torchdata state, and only as a last resort by reading and dropping batches;
+- a private ``torch.Generator`` for the loader when the user gave none, reseeded from the epoch: creating
+  an iterator then never draws from torch's global generator, so the training script's later random numbers
+  (dropout, augmentation) are the same whether or not a run was resumed.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Optional
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+
+from .batch_shard import BatchSamplerShard
+from .iterable import IterableDatasetShard, has_own_state
+from .progress import DataLoaderStateMixin
+from .samplers import SeedableRandomSampler, get_sampler
+from .stateful import drop_unsupported_kwargs, stateful_variant
+from .validation import check_non_negative_int
+
+__all__ = ["PreparedDataLoader", "loader_options"]
+
+# DataLoader settings a rebuilt loader keeps (batching is rebuilt, everything else carried over).
+_CARRIED_OPTIONS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
+                    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")
+_STATEFUL_OPTIONS = ("snapshot_every_n_steps",)
+
+_STATE_KEYS = ("epoch", "batches_yielded")
+# Options DataLoader refuses next to a batch sampler (it decides batches itself), with their defaults.
+_BATCH_SAMPLER_EXCLUSIVE = {"batch_size": 1, "shuffle": None, "sampler": None, "drop_last": False}
+
+
+def loader_options(dataloader: DataLoader, stateful: bool) -> dict:
+    """The settings of ``dataloader`` that a loader rebuilt from it keeps (all but its batching)."""
+    names = _CARRIED_OPTIONS + (_STATEFUL_OPTIONS if stateful else ())
+    return {name: getattr(dataloader, name) for name in names if hasattr(dataloader, name)}
+
+
+def _check_batch_sampler_options(owner: str, kwargs: dict) -> None:
+    if kwargs.get("batch_sampler") is None:
+        return
+    clashing = [f"{key}={kwargs[key]!r}" for key, default in _BATCH_SAMPLER_EXCLUSIVE.items()
+                if key in kwargs and kwargs[key] not in (default, None, False)]
+    if clashing:
+        raise ValueError(
+            f"{owner} got batch_sampler={type(kwargs['batch_sampler']).__name__} together with "
+            f"{', '.join(clashing)}: the batch sampler already decides which samples form each batch. Pass either "
+            "batch_sampler=... alone, or batch_size/shuffle/sampler/drop_last without a batch sampler."
+        )
+
+
+class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
+    """Base of ``DataLoaderShard`` and ``DataLoaderDispatcher`` (see the module docstring)."""
+
+    _is_stateful = False  # True in the StatefulDataLoader-backed variants (see stateful.py)
+
+    def __new__(cls, *args, use_stateful_dataloader: bool = False, **kwargs):
+        if use_stateful_dataloader and not cls._is_stateful:
+            cls = stateful_variant(cls)
+        return super().__new__(cls)
+
+    def __init__(self, dataset, *, skip_batches: int = 0, use_stateful_dataloader: bool = False,
+                 iteration: int = 0, **kwargs):
+        check_non_negative_int(skip_batches, "skip_batches")
+        _check_batch_sampler_options(type(self).__name__, kwargs)
+        self._private_generator_seed: Optional[int] = None
+        if kwargs.get("generator") is None:
+            # Never let an iterator draw its worker seeds from the global generator (see the module docstring).
+            kwargs["generator"] = torch.Generator()
+            self._private_generator_seed = torch.initial_seed()
+        if use_stateful_dataloader:
+            kwargs = drop_unsupported_kwargs(kwargs)
+        elif "snapshot_every_n_steps" in kwargs:
+            raise ValueError("snapshot_every_n_steps is a StatefulDataLoader option: pass use_stateful_dataloader=True.")
+        with warnings.catch_warnings():
+            # torchdata's constructor calls a torch API deprecated in recent versions; not the user's concern.
+            warnings.filterwarnings("ignore", message=".*set_vital.* is deprecated", category=UserWarning)
+            super().__init__(dataset, **kwargs)
+        self.use_stateful_dataloader = use_stateful_dataloader
+        self.skip_batches = skip_batches
+        self.iteration = iteration
+        self._pending_skip = skip_batches  # batches the next pass starts after
+        self._pass_skip = 0  # batches the current pass started after
+        self._position = 0  # batches of the current pass behind us, skipped ones included
+        self._replay = 0  # batches the current pass must read and drop (no cheaper way to skip them)
+        self._pass_start_generators: dict = {}
+        self._pending_base_state = None
+        self._pending_dataset_state = None
+        self._loaded_state: Optional[dict] = None
+        self._lookahead_state: dict = {}  # states taken before reading ahead, matching the batch just yielded
+
+    # ------------------------------------------------------------------ compatibility
+    @property
+    def base_dataloader(self):
+        """The loader itself (Accelerate's wrappers keep the real loader here; this one is the real loader)."""
+        return self
+
+    def get_sampler(self):
+        return get_sampler(self)
+
+    def set_sampler(self, sampler) -> None:
+        """Replace the index sampler under the batching (e.g. with a ``SeedableRandomSampler``)."""
+        holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        holder.sampler = sampler
+
+    @property
+    def total_dataset_length(self) -> int:
+        dataset = self.dataset
+        return dataset.total_length if isinstance(dataset, IterableDatasetShard) else len(dataset)
+
+    # ------------------------------------------------------------------ epochs
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch: it picks the shuffle of seeded samplers and datasets (forwarded to all that take one)."""
+        self.iteration = epoch
+        batching = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        # a BatchSamplerShard forwards to what it wraps; a plain batch sampler does not: reach its sampler
+        for target in (batching if hasattr(batching, "set_epoch") else get_sampler(self), self.dataset):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+
+    def _owned_generators(self) -> dict:
+        """Generators whose state decides this pass's order (and is not rebuilt from the epoch)."""
+        sampler = get_sampler(self)
+        if sampler is None:  # a batch sampler without index sampler: its own generator decides the order
+            batching = self.batch_sampler if self.batch_sampler is not None else self.sampler
+            sampler = getattr(batching, "batch_sampler", batching)
+        dataset = self.dataset.dataset if isinstance(self.dataset, IterableDatasetShard) else self.dataset
+        candidates = (
+            ("sampler", None if isinstance(sampler, SeedableRandomSampler) else getattr(sampler, "generator", None)),
+            ("dataset", getattr(dataset, "generator", None)),
+            ("loader", None if self._private_generator_seed is not None else self.generator),
+        )
+        found: dict = {}
+        for role, generator in candidates:
+            if isinstance(generator, torch.Generator) and all(generator is not g for g in found.values()):
+                found[role] = generator
+        return found
+
+    # ------------------------------------------------------------------ a pass
+    def _begin_pass(self) -> None:
+        """Everything a pass does before its first batch is read."""
+        self.begin()
+        self.set_epoch(self.iteration)
+        if self._private_generator_seed is not None:
+            self.generator.manual_seed((self._private_generator_seed + self.iteration) % 2**64)
+        self._pass_start_generators = {role: g.get_state() for role, g in self._owned_generators().items()}
+        self._lookahead_state = {}
+        self._pass_skip = self._position = self._start_from_resume()
+
+    def _end_pass(self, completed: bool) -> None:
+        self.end()
+        if completed:
+            self.iteration += 1
+            self._position = self._pass_skip = 0
+
+    def _start_from_resume(self) -> int:
+        """Set up the pending skip or restored state; return the batch the pass starts at."""
+        skip, self._pending_skip = self._pending_skip, 0
+        base_state, self._pending_base_state = self._pending_base_state, None
+        dataset_state, self._pending_dataset_state = self._pending_dataset_state, None
+        self._loaded_state = None
+        self._replay = 0
+        if base_state is not None:
+            self._load_base_state_dict(base_state)
+        elif dataset_state is not None:
+            self._resumable_dataset().load_state_dict(dataset_state)
+        elif skip:
+            positioner, samples_per_batch = self._positioner()
+            if positioner is not None:
+                positioner.start_at(skip * samples_per_batch)
+            else:
+                self._replay = self._replay_count(skip)
+        return skip
+
+    def _replay_count(self, skip: int) -> int:
+        """Batches of the underlying loader to read and drop for ``skip`` batches of this one."""
+        return skip
+
+    def _positioner(self):
+        """``(batch sampler that can start at a batch, sampler items per batch of this loader)`` or ``(None, 0)``."""
+        if isinstance(self.batch_sampler, BatchSamplerShard):
+            return self.batch_sampler, 1
+        if isinstance(self.sampler, BatchSamplerShard):  # a batch sampler given as `sampler=`
+            return self.sampler, (self.batch_size or 1)
+        return None, 0
+
+    def _resumable_dataset(self):
+        """The iterable dataset whose own state can stand for the position, or None."""
+        dataset = self.dataset
+        if isinstance(dataset, IterableDataset) and has_own_state(dataset) and self.num_workers == 0:
+            return dataset
+        return None
+
+    def _lookahead_snapshotter(self):
+        """A function returning the states to remember before each read-ahead, or None when there are none."""
+        if self._is_stateful:
+            return lambda: {"base": self._base_state_dict()}
+        dataset = self._resumable_dataset()
+        if dataset is not None:
+            return lambda: {"dataset": dataset.state_dict()}
+        return None
+
+    def _base_state_dict(self):  # overridden by the StatefulDataLoader variants
+        raise RuntimeError("This loader is not backed by a StatefulDataLoader.")
+
+    def _load_base_state_dict(self, state_dict) -> None:  # overridden by the StatefulDataLoader variants
+        raise ValueError(
+            "This state was saved by a loader prepared with use_stateful_dataloader=True; prepare this one the "
+            "same way to restore it."
+        )
+
+    # ------------------------------------------------------------------ length
+    def _full_length(self) -> int:
+        return DataLoader.__len__(self)
+
+    def __len__(self) -> int:
+        skipped = self._pending_skip if self._pending_skip else self._pass_skip
+        return max(0, self._full_length() - skipped)
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict:
+        """Where this loader is: restore it with ``load_state_dict`` to continue exactly from here.
+
+        Keys: ``epoch``, ``batches_yielded`` (in that epoch), ``generators`` (states at the start of the
+        pass), ``sampler`` (a ``SeedableRandomSampler``'s seed) and, mid-pass, ``dataset`` / ``base`` (the
+        dataset's or torchdata's own state). After the last batch of a pass it points at the next epoch.
+        """
+        if self._loaded_state is not None:
+            return copy.deepcopy(self._loaded_state)
+        mid_pass = self._position > 0 and not self.end_of_dataloader
+        finished_pass = self._position > 0 and self.end_of_dataloader
+        generators = (self._pass_start_generators if mid_pass
+                      else {role: g.get_state() for role, g in self._owned_generators().items()})
+        state = {
+            "epoch": self.iteration + int(finished_pass),
+            "batches_yielded": self._position if mid_pass else 0,
+            "generators": {role: value.clone() for role, value in generators.items()},
+        }
+        sampler = get_sampler(self)
+        if isinstance(sampler, SeedableRandomSampler):
+            state["sampler"] = {"epoch": state["epoch"], "seed": sampler.initial_seed}
+        if mid_pass:
+            state.update(copy.deepcopy(self._lookahead_state))
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Make the next pass continue from ``state_dict`` (from ``state_dict()``): same epoch, same order, next
+        batch; later passes go on as they would have."""
+        if not isinstance(state_dict, dict) or any(key not in state_dict for key in _STATE_KEYS):
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict needs a dict from state_dict() with keys {_STATE_KEYS}; got "
+                f"{state_dict!r:.200}."
+            )
+        if "base" in state_dict and not self._is_stateful:
+            self._load_base_state_dict(state_dict["base"])  # raises the explanation
+        generators = self._owned_generators()
+        for role, value in state_dict.get("generators", {}).items():
+            if role not in generators:
+                raise ValueError(
+                    f"The saved state restores a {role!r} random generator but this loader has none: it was saved "
+                    "from a loader built differently (shuffle, generator=...). Prepare the same loader as the saved run."
+                )
+            generators[role].set_state(value)
+        sampler = get_sampler(self)
+        if "sampler" in state_dict and isinstance(sampler, SeedableRandomSampler):
+            sampler.load_state_dict(state_dict["sampler"])
+        self.iteration = int(state_dict["epoch"])
+        self._pending_skip = check_non_negative_int(int(state_dict["batches_yielded"]), "batches_yielded")
+        self._pending_base_state = state_dict.get("base")
+        self._pending_dataset_state = state_dict.get("dataset")
+        if self._pending_dataset_state is not None and self._resumable_dataset() is None:
+            raise ValueError(
+                "The saved state holds the dataset's own state, but this loader's dataset cannot load it (it has "
+                "no load_state_dict, or num_workers > 0): prepare the same loader as the saved run."
+            )
+        self._loaded_state = copy.deepcopy(state_dict)
