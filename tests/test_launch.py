@@ -105,3 +105,12 @@ def test_a_restarted_job_forms_a_fresh_group_and_finishes(tmp_path):
                         env=isolated_env(tmp_path), timeout=180)
     assert "launch_restart OK after 1 restart(s)" in result.stdout
     assert "deliberate failure in the first attempt" in result.stderr
+
+
+def test_worker_exit_keeps_normal_exit_guarantees(tmp_path):
+    result = run_launch("launch_clean_exit.py", str(tmp_path), num_processes=2, check=False)
+    assert result.returncode == 3, result.stderr[-3000:]
+    for rank in (0, 1):
+        assert (tmp_path / f"unclosed-{rank}.txt").read_text() == "flushed"
+        assert (tmp_path / f"thread-{rank}.txt").read_text() == "joined"
+        assert (tmp_path / f"atexit-{rank}.txt").read_text() == "ran"

@@ -187,3 +187,10 @@ def test_get_logger_needs_state_and_logs_on_main(caplog):
         logger.warning_once("once")
         logger.warning_once("once")
     assert [r.getMessage() for r in caplog.records] == ["visible", "also visible", "once"]
+
+
+def test_require_extra_names_the_extra_for_submodules():
+    from hasten.utils.imports import require_extra
+
+    with pytest.raises(ImportError, match=r"hasten\[megatron\]"):
+        require_extra("megatron.core.tensor_parallel")

@@ -8,6 +8,7 @@ accumulation and the end of data loaders.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import functools
@@ -42,6 +43,14 @@ def _accelerator_device_type() -> Optional[str]:
 
 _MULTI_TYPE = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU, "cpu": DistributedType.MULTI_CPU}
 _BACKEND = {"cuda": "nccl", "xpu": "xccl", "cpu": "gloo"}
+
+
+def _destroy_process_group_at_exit() -> None:
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # exiting anyway: a peer that already left must not turn a clean exit into a crash
+            pass
 
 
 class PartialState:
@@ -110,6 +119,9 @@ class PartialState:
         if options["backend"] == "nccl" and device_type == "cuda":
             options.setdefault("device_id", torch.device("cuda", self.local_process_index))
         dist.init_process_group(rank=self.process_index, world_size=self.num_processes, **options)
+        # A gloo process group still alive at interpreter exit can abort the process ("terminate called
+        # without an active exception"); tear down the one we created, after the script's own atexit hooks.
+        atexit.register(_destroy_process_group_at_exit)
 
     # ------------------------------------------------------------------ facts
     def __repr__(self) -> str:

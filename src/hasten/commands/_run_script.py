@@ -4,18 +4,27 @@
     python -m hasten.commands._run_script module package.module [args...]
 
 The script runs exactly as ``python script.py`` / ``python -m package.module`` would run it (same
-``sys.argv``, ``sys.path[0]``, ``__name__``). The only addition: an uncaught exception is recorded with
-torch's ``record`` (``torch.distributed.elastic.multiprocessing.errors``), so torchrun's failure summary
-names the failing rank *with its traceback*. ``record`` is applied only after an exception, so a run
-that succeeds imports nothing more than the script itself does.
+``sys.argv``, ``sys.path[0]``, ``__name__``). Two additions:
+
+- an uncaught exception is recorded with torch's ``record`` (``torch.distributed.elastic.multiprocessing.errors``),
+  so torchrun's failure summary names the failing rank *with its traceback*;
+- the worker ends without the interpreter's final teardown. With gloo and DDP that teardown aborts the process
+  now and then ("terminate called without an active exception", SIGABRT — seen with plain PyTorch too), which
+  would turn a finished job into a failed one. Everything a normal exit does that users rely on still happens
+  first: non-daemon threads are joined, ``atexit`` handlers run (logging is flushed, the process group is
+  destroyed), the script's globals are released (open files get flushed and closed) and stdio is flushed.
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
+import gc
 import os
 import runpy
 import sys
+import threading
 import traceback
+import types
 import zipfile
 
 _SKIPPED_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
@@ -47,10 +56,14 @@ def _record_for_torchrun(error: BaseException) -> None:
         pass
 
 
+_NAMESPACES: list = []  # the script's globals, released before the worker exits
+
+
 def run(mode: str, target: str, arguments: list) -> None:
     """Run ``target`` (a file path when ``mode == "path"``, a module name when ``mode == "module"``)."""
     if mode == "module":
         sys.argv = [target, *arguments]  # runpy replaces argv[0] with the module's file
+        _NAMESPACES.append(sys.modules.get("__main__").__dict__)
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     elif mode == "path":
         sys.argv = [target, *arguments]
@@ -58,7 +71,7 @@ def run(mode: str, target: str, arguments: list) -> None:
             del sys.path[0]  # runpy puts the folder / archive first, as `python folder` does
         else:
             sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py` does
-        runpy.run_path(target, run_name="__main__")
+        _NAMESPACES.append(runpy.run_path(target, run_name="__main__"))
     else:
         raise SystemExit(f"{__name__}: unknown mode {mode!r}; expected 'path' or 'module'.")
 
@@ -82,5 +95,40 @@ def main(argv: list) -> int:
     return 0
 
 
+def _exit_code(status) -> int:
+    """What ``sys.exit(status)`` would make the process return (printing a message status as Python does)."""
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status & 0xFF if status >= 0 else status % 256
+    print(status, file=sys.stderr)
+    return 1
+
+
+def finish(code: int) -> None:
+    """End the worker like a normal exit, minus the interpreter teardown that can abort gloo/DDP processes."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for namespace in _NAMESPACES:
+        namespace.clear()
+    for obj in gc.get_objects():  # runpy's module for the script, if a library still holds it
+        if isinstance(obj, types.ModuleType) and obj.__name__ == "__main__" and obj.__dict__ is not globals():
+            obj.__dict__.clear()
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        status = main(sys.argv[1:])
+    except SystemExit as stop:
+        status = stop.code
+    finish(_exit_code(status))

@@ -65,6 +65,8 @@ def require_extra(module: str, feature: str | None = None):
     """Import and return ``module``, or raise ImportError naming the pip command that installs it."""
     if _found(module.split(".")[0]) and _found(module):
         return importlib.import_module(module)
-    extra, purpose = EXTRAS.get(module, (None, module))
+    parts = module.split(".")
+    prefixes = (".".join(parts[:i]) for i in range(len(parts), 0, -1))  # the longest known prefix names the extra
+    extra, purpose = next((EXTRAS[p] for p in prefixes if p in EXTRAS), (None, module))
     how = f"pip install 'hasten[{extra}]'" if extra else f"pip install {module.split('.')[0]}"
     raise ImportError(f"{feature or purpose} needs the `{module}` package, which is not installed: {how}")
