@@ -194,3 +194,21 @@ def test_require_extra_names_the_extra_for_submodules():
 
     with pytest.raises(ImportError, match=r"hasten\[megatron\]"):
         require_extra("megatron.core.tensor_parallel")
+
+
+def test_compatibility_import_paths():
+    """Every Accelerate-style import path resolves, and every name of the lazy tables exists."""
+    import importlib
+
+    import hasten
+    import hasten.utils
+
+    for package in (hasten, hasten.utils):
+        for name in package.__all__:
+            assert getattr(package, name) is not None, name
+    from hasten.utils.modeling import compute_module_sizes, infer_auto_device_map  # noqa: F401
+    from hasten.utils.offload import OffloadedWeightsLoader  # noqa: F401
+
+    for module in ("hasten.data_loader", "hasten.big_modeling", "hasten.hooks", "hasten.state", "hasten.logging",
+                   "hasten.optimizer", "hasten.scheduler", "hasten.launchers", "hasten.local_sgd"):
+        importlib.import_module(module)

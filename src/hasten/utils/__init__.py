@@ -35,11 +35,14 @@ _EXPORTS = build_table({
     "hasten.config.dynamo": ["TorchDynamoPlugin"],
     "hasten.config.project": ["ProjectConfiguration"],
     "hasten.big_modeling.sizes": ["compute_module_sizes", "get_max_layer_size", "get_max_memory", "get_balanced_memory",
-                                  "convert_file_size_to_int", "dtype_byte_size"],
-    "hasten.big_modeling.device_map": ["infer_auto_device_map", "check_device_map"],
+                                  "convert_file_size_to_int", "dtype_byte_size", "compute_module_total_buffer_size",
+                                  "calculate_maximum_sizes"],
+    "hasten.big_modeling.device_map": ["infer_auto_device_map", "check_device_map", "clean_device_map"],
+    "hasten.big_modeling._tensors": ["named_module_tensors", "get_non_persistent_buffers"],
     "hasten.big_modeling.loading": ["load_state_dict", "load_checkpoint_in_model", "set_module_tensor_to_device"],
     "hasten.big_modeling.offload": ["offload_state_dict", "load_offloaded_weights", "OffloadedWeightsLoader",
-                                    "offload_weight"],
+                                    "offload_weight", "load_offloaded_weight", "save_offload_index", "PrefixedDataset",
+                                    "extract_submodules_state_dict"],
     "hasten.big_modeling.tied": ["find_tied_parameters", "retie_parameters"],
 })
 

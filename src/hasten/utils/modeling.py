@@ -145,3 +145,24 @@ def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -
         for child_entry in reversed(children):
             stack.append((*child_entry, False))
     return ordered
+
+
+# ``accelerate.utils.modeling`` also holds the big-model helpers; that import path keeps working here.
+_BIG_MODEL_NAMES = {
+    "hasten.big_modeling.sizes": ("compute_module_sizes", "get_max_layer_size", "get_max_memory", "get_balanced_memory",
+                                  "convert_file_size_to_int", "dtype_byte_size", "compute_module_total_buffer_size",
+                                  "calculate_maximum_sizes"),
+    "hasten.big_modeling.device_map": ("infer_auto_device_map", "check_device_map", "clean_device_map"),
+    "hasten.big_modeling.loading": ("load_state_dict", "load_checkpoint_in_model", "set_module_tensor_to_device"),
+    "hasten.big_modeling.tied": ("find_tied_parameters", "retie_parameters"),
+    "hasten.big_modeling._tensors": ("named_module_tensors", "get_non_persistent_buffers"),
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    for module_name, names in _BIG_MODEL_NAMES.items():
+        if name in names:
+            return getattr(importlib.import_module(module_name), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
