@@ -63,8 +63,7 @@ def run(mode: str, target: str, arguments: list) -> None:
     """Run ``target`` (a file path when ``mode == "path"``, a module name when ``mode == "module"``)."""
     if mode == "module":
         sys.argv = [target, *arguments]  # runpy replaces argv[0] with the module's file
-        _NAMESPACES.append(sys.modules.get("__main__").__dict__)
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        _NAMESPACES.append(runpy.run_module(target, run_name="__main__", alter_sys=True))
     elif mode == "path":
         sys.argv = [target, *arguments]
         if os.path.isdir(target) or zipfile.is_zipfile(target):
@@ -113,7 +112,8 @@ def finish(code: int) -> None:
             thread.join()
     atexit._run_exitfuncs()
     for namespace in _NAMESPACES:
-        namespace.clear()
+        if namespace is not globals():
+            namespace.clear()
     for obj in gc.get_objects():  # runpy's module for the script, if a library still holds it
         if isinstance(obj, types.ModuleType) and obj.__name__ == "__main__" and obj.__dict__ is not globals():
             obj.__dict__.clear()
