@@ -30,8 +30,8 @@ def is_initialized() -> bool:
     return AcceleratorState._shared_state != {}
 
 
-def _accelerator_device_type() -> Optional[str]:
-    """The accelerator this process can use, or None on a CPU-only machine."""
+def accelerator_type() -> Optional[str]:
+    """The accelerator this machine has (``"cuda"``, ``"xpu"``, ``"mps"``), or None on a CPU-only machine."""
     if torch.cuda.is_available():
         return "cuda"
     if hasattr(torch, "xpu") and torch.xpu.is_available():
@@ -80,7 +80,7 @@ class PartialState:
         self._cpu = bool(cpu) or parse_flag_from_env(env_name("use_cpu"))
         self.debug = is_debug_mode()
         self.fork_launched = parse_flag_from_env("FORK_LAUNCHED", False)
-        device_type = "cpu" if self._cpu else (_accelerator_device_type() or "cpu")
+        device_type = "cpu" if self._cpu else (accelerator_type() or "cpu")
         world_size = get_int_from_env(["WORLD_SIZE"], 1)
         already = dist.is_available() and dist.is_initialized()
         if already:
@@ -160,7 +160,7 @@ class PartialState:
     @property
     def default_device(self) -> torch.device:
         """The device this process would use with no ``cpu`` override."""
-        kind = _accelerator_device_type()
+        kind = accelerator_type()
         if kind in (None, "mps"):
             return torch.device(kind or "cpu")
         return torch.device(kind, self.local_process_index)

@@ -6,18 +6,9 @@ import logging
 import psutil
 import torch
 
+from ..state import accelerator_type  # noqa: F401  (re-exported for the planner's modules)
+
 logger = logging.getLogger(__name__)
-
-
-def accelerator_type() -> str | None:
-    """``"cuda"``, ``"xpu"`` or ``"mps"`` when this machine has one, else None."""
-    if torch.cuda.is_available():
-        return "cuda"
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return "xpu"
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return "mps"
-    return None
 
 
 def accelerator_count() -> int:
