@@ -1,6 +1,6 @@
 """Latency of hasten's collectives vs the raw torch.distributed calls vs Accelerate, on 2 processes.
 
-    python bench/bench_collectives.py            # launches itself on 2 processes (torch.distributed.run)
+    python bench/bench_collectives.py            # launches itself on 2 processes (hasten launch)
     python bench/bench_collectives.py --json out.json
 
 Also measures what the debug-mode mismatch check costs, against the raw collective and against one step of a
@@ -25,9 +25,8 @@ DEFAULT_BUDGET = 0.02  # the check may stay on by default when it costs less tha
 
 
 def relaunch(argv: list[str], processes: int) -> int:
-    """Run this file under torch.distributed.run, one benchmark at a time on this machine."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-               "--master_port", str(29650 + os.getpid() % 200), __file__, *argv]
+    """Run this file under `hasten launch`, one benchmark at a time on this machine."""
+    command = [sys.executable, "-m", "hasten", "launch", "-n", str(processes), __file__, *argv]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
     with open(LOCK, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)

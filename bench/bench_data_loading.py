@@ -109,8 +109,8 @@ def _launch_distributed() -> list:
     """Run ``_distributed_rows`` on 2 processes (one multi-process job on this machine at a time)."""
     with tempfile.TemporaryDirectory(prefix="hasten-bench-data-") as folder:
         output = Path(folder) / "rows.json"
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(PROCESSES),
-                   "--master_port", str(29700 + os.getpid() % 200), __file__, "--rows-file", str(output)]
+        command = [sys.executable, "-m", "hasten", "launch", "-n", str(PROCESSES), __file__, "--rows-file",
+                   str(output)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"),
                                                                         os.environ.get("PYTHONPATH")])))
         with open(LOCK, "w") as handle:

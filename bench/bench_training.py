@@ -25,16 +25,12 @@ CONFIGS = {"fp32": ("no", 1), "bf16": ("bf16", 1), "accumulation 4": ("no", 4)}
 
 
 def relaunch(argv) -> list:
-    sys.path.insert(0, str(ROOT / "src"))
-    from hasten.utils.network import find_free_port
-
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
     rows = []
     for label in CONFIGS:
         out = Path(f"/tmp/hasten-bench-training-{os.getpid()}.json")
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                   str(find_free_port()), __file__, "--worker", label, str(out)]
+        command = [sys.executable, "-m", "hasten", "launch", "-n", "2", __file__, "--worker", label, str(out)]
         with open(LOCK, "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             code = subprocess.call(command, env=env)

@@ -115,7 +115,8 @@ def finish(code: int) -> None:
         if namespace is not globals():
             namespace.clear()
     for obj in gc.get_objects():  # runpy's module for the script, if a library still holds it
-        if isinstance(obj, types.ModuleType) and obj.__name__ == "__main__" and obj.__dict__ is not globals():
+        # type(), not isinstance(): some objects (torch's deprecated reduce_op) warn on any attribute access
+        if type(obj) is types.ModuleType and obj.__name__ == "__main__" and obj.__dict__ is not globals():
             obj.__dict__.clear()
     gc.collect()
     for stream in (sys.stdout, sys.stderr):
