@@ -149,6 +149,9 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     # ------------------------------------------------------------------ a pass
     def _begin_pass(self) -> None:
         """Everything a pass does before its first batch is read."""
+        origin = self.__dict__.get("_origin")
+        if origin is not None:
+            origin._active_copy = self
         self.begin()
         self.set_epoch(self.iteration)
         if self._private_generator_seed is not None:
@@ -162,6 +165,10 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         if completed:
             self.iteration += 1
             self._position = self._pass_skip = 0
+        origin = self.__dict__.get("_origin")
+        if origin is not None and completed:
+            origin.iteration = self.iteration
+            origin._active_copy = None
 
     def _start_from_resume(self) -> int:
         """Set up the pending skip or restored state; return the batch the pass starts at."""
@@ -235,6 +242,9 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         pass), ``sampler`` (a ``SeedableRandomSampler``'s seed) and, mid-pass, ``dataset`` / ``base`` (the
         dataset's or torchdata's own state). After the last batch of a pass it points at the next epoch.
         """
+        active = self.__dict__.get("_active_copy")
+        if active is not None:
+            return active.state_dict()
         if self._loaded_state is not None:
             return copy.deepcopy(self._loaded_state)
         mid_pass = self._position > 0 and not self.end_of_dataloader

@@ -97,4 +97,9 @@ def _skipping_copy(loader: PreparedDataLoader, num_batches: int) -> PreparedData
     clone.end_of_dataloader, clone.remainder = False, -1
     if isinstance(loader, DataLoaderDispatcher):
         clone._pending_first_samples = None
+    # The copy plays the pass the original was about to play: it takes over the original's pending resume,
+    # the original follows the copy's epoch, and reports the copy's position while the copy is mid-pass.
+    loader._pending_skip = 0
+    loader._pending_base_state = loader._pending_dataset_state = loader._loaded_state = None
+    clone._origin = loader
     return clone
