@@ -429,3 +429,15 @@ def test_launcher_flag_over_config_file_is_not_a_conflict(monkeypatch, tmp_path)
     monkeypatch.setenv("HASTEN_CONFIG_FILE", str(path))
     monkeypatch.setenv("HASTEN_MIXED_PRECISION", "bf16")
     assert Accelerator().mixed_precision == "bf16"
+
+
+def test_step_counter_is_the_accumulation_position():
+    accelerator = Accelerator(gradient_accumulation_steps=3)
+    model = accelerator.prepare(make_model())
+    for _ in range(2):
+        with accelerator.accumulate(model):
+            pass
+    assert accelerator.step == 2
+    accelerator.step = 0
+    with accelerator.accumulate(model):
+        assert not accelerator.sync_gradients and accelerator.step == 1

@@ -21,6 +21,7 @@ _EXPORTS = build_table({
     "hasten.utils.memory": ["find_executable_batch_size"],
     "hasten.logging": ["get_logger"],
     "hasten.launchers": ["notebook_launcher", "debug_launcher"],
+    "hasten.checkpointing": ["auto_resume"],
     "hasten.config.data": ["DataLoaderConfiguration"],
     "hasten.config.kwargs": ["DistributedDataParallelKwargs", "DDPCommunicationHookType", "GradScalerKwargs",
                              "InitProcessGroupKwargs", "AutocastKwargs", "ProfileKwargs"],

@@ -6,8 +6,10 @@ It holds no backend logic: whatever differs between single-device, DDP, FSDP or 
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -91,7 +93,10 @@ class Accelerator:
         self._accumulator = GradientAccumulator(self.gradient_state, self.strategy, self.num_processes == 1)
         self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
         self._custom_objects = []
-        self._prepared_ids: set[int] = set()
+        # save_state / load_state hooks by RemovableHandle id (an OrderedDict: handles keep a weak reference)
+        self._save_model_state_pre_hook = collections.OrderedDict()
+        self._load_model_state_pre_hook = collections.OrderedDict()
+        self._prepared = weakref.WeakSet()  # objects given to or returned by prepare (ids would be reused)
         self.flag_tensor = None
         self.trackers = []
         self._told_about_scheduler = False
@@ -149,6 +154,15 @@ class Accelerator:
     @sync_gradients.setter
     def sync_gradients(self, value: bool) -> None:
         self.gradient_state._set_sync_gradients(value)
+
+    @property
+    def step(self) -> int:
+        """Batches counted by ``accumulate`` in the current accumulation cycle (saved and restored by checkpoints)."""
+        return self._accumulator.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._accumulator.step = int(value)
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -269,25 +283,26 @@ class Accelerator:
                                 AcceleratedScheduler) + _LR_SCHEDULER_TYPES)
 
     def _is_prepared(self, obj) -> bool:
-        return id(obj) in self._prepared_ids or isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler))
+        return isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler)) or obj in self._prepared
 
     def _placement(self, value: Optional[bool]) -> bool:
         return self.device_placement if value is None else bool(value)
 
     def _remember(self, obj, registry: list):
         registry.append(obj)
-        self._prepared_ids.add(id(obj))
+        self._prepared.add(obj)
         return obj
 
     def _prepare_training(self, models, optimizers, model_placement, optimizer_placement, evaluation_mode=False):
-        originals = [id(obj) for obj in list(models) + list(optimizers)]
+        originals = list(models) + list(optimizers)
         self._check_optimizers_belong_to_models(models, optimizers)
         models = [self.precision.wrap_forward(model) for model in models]
         models, raw_optimizers = self.strategy.prepare_training(models, optimizers, model_placement, evaluation_mode)
         models = [apply_dynamo_plugin(model, self.dynamo_plugin) for model in models]
         wrapped = [AcceleratedOptimizer(opt, device_placement=place, scaler=self.scaler)
                    for opt, place in zip(raw_optimizers, optimizer_placement)]
-        self._prepared_ids.update(originals)
+        for original in originals:
+            self._prepared.add(original)
         return ([self._remember(m, self._models) for m in models],
                 [self._remember(o, self._optimizers) for o in wrapped])
 
@@ -347,7 +362,7 @@ class Accelerator:
         wrapped = AcceleratedScheduler(scheduler, optimizers or self._optimizers,
                                        step_with_optimizer=self.step_scheduler_with_optimizer,
                                        split_batches=split_batches)
-        self._prepared_ids.add(id(scheduler))
+        self._prepared.add(scheduler)
         return self._remember(wrapped, self._schedulers)
 
     def prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
@@ -362,7 +377,7 @@ class Accelerator:
             put_on_device=self._placement(device_placement), rng_types=list(self.rng_types),
             slice_fn_for_dispatch=slice_fn_for_dispatch, **options,
         )
-        self._prepared_ids.add(id(data_loader))
+        self._prepared.add(data_loader)
         return self._remember(prepared, self._dataloaders)
 
     def skip_first_batches(self, dataloader, num_batches: int = 0):
@@ -520,8 +535,11 @@ class Accelerator:
 
         samplers = []
         if even_batches is not None:
+            from .data_loader import DataLoaderDispatcher
+
             samplers = [(sampler, sampler.even_batches) for sampler in
-                        (getattr(loader, "batch_sampler", None) for loader in self._dataloaders)
+                        (getattr(loader, "batch_sampler", None) for loader in self._dataloaders
+                         if not isinstance(loader, DataLoaderDispatcher))  # dispatch reads on one process only
                         if hasattr(sampler, "even_batches")]
             for sampler, _ in samplers:
                 sampler.even_batches = even_batches
@@ -554,7 +572,7 @@ class Accelerator:
         self._optimizers.clear()
         self._schedulers.clear()
         self._dataloaders.clear()
-        self._prepared_ids.clear()
+        self._prepared.clear()
         self._accumulator.step = 0
         return release_memory(*objects)
 
@@ -578,6 +596,69 @@ class Accelerator:
 
         return find_executable_batch_size(run, starting_batch_size=starting_batch_size,
                                           reduce_batch_size_fn=reduce_batch_size_fn)
+
+    # ------------------------------------------------------------------ checkpointing (hasten/checkpointing)
+    def save_state(self, output_dir=None, safe_serialization: bool = True, **save_model_func_kwargs) -> str:
+        """Save models, optimizers, schedulers, loader positions, scaler, random states, the accumulation step
+        and registered objects to a folder, atomically; returns the folder.
+
+        With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the folder is
+        ``{project_dir}/checkpoints/checkpoint_{iteration}`` and at most ``total_limit`` are kept. The file
+        layout is the reference library's (docs/checkpointing.md). ``safe_serialization``: models as
+        safetensors (else pickled ``.bin``).
+        """
+        from .checkpointing import save_state
+
+        return save_state(self, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs)
+
+    def load_state(self, input_dir=None, load_kwargs: Optional[dict] = None, **load_model_func_kwargs) -> str:
+        """Restore what ``save_state`` saved; returns the folder loaded.
+
+        ``input_dir`` defaults to the newest *complete* automatic checkpoint. ``load_kwargs`` go to
+        ``torch.load`` (``{"weights_only": False}`` accepts pickles of arbitrary objects: trusted files only);
+        ``strict=`` and ``map_location=`` ("cpu" or "on_device") apply to the models.
+        """
+        from .checkpointing import load_state
+
+        return load_state(self, input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
+
+    def save_model(self, model, save_directory, max_shard_size="10GB", safe_serialization: bool = True) -> None:
+        """Save ``model``'s weights (sharded safetensors + index when larger than ``max_shard_size``; tied
+        weights once) in the layout ``load_checkpoint_in_model`` and other libraries read."""
+        from .checkpointing import save_model
+
+        save_model(self.strategy, model, save_directory, max_shard_size=max_shard_size,
+                   safe_serialization=safe_serialization,
+                   save_on_each_node=self.project_configuration.save_on_each_node)
+
+    def register_for_checkpointing(self, *objects) -> None:
+        """Save and restore ``objects`` (each with ``state_dict()`` / ``load_state_dict()``) with the state."""
+        from .checkpointing.custom_objects import check_registrable
+
+        self._custom_objects.extend(check_registrable(objects))
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]):
+        """Call ``hook(models, weights, output_dir)`` in ``save_state`` before files are written; returns a handle
+        whose ``remove()`` unregisters it. ``weights`` are the models' state dicts (remove one to skip saving it);
+        ``output_dir`` is the folder being written (it becomes the checkpoint when the save completes)."""
+        from torch.utils.hooks import RemovableHandle
+
+        if not callable(hook):
+            raise TypeError(f"register_save_state_pre_hook takes a function, got {type(hook).__name__}.")
+        handle = RemovableHandle(self._save_model_state_pre_hook)
+        self._save_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]):
+        """Call ``hook(models, input_dir)`` in ``load_state`` before anything is loaded (remove a model from the
+        list to load it yourself); returns a handle whose ``remove()`` unregisters it."""
+        from torch.utils.hooks import RemovableHandle
+
+        if not callable(hook):
+            raise TypeError(f"register_load_state_pre_hook takes a function, got {type(hook).__name__}.")
+        handle = RemovableHandle(self._load_model_state_pre_hook)
+        self._load_model_state_pre_hook[handle.id] = hook
+        return handle
 
     def save(self, obj, f, safe_serialization: bool = False) -> None:
         """Save ``obj`` once per run (or per machine with ``save_on_each_node``), atomically."""

@@ -1,0 +1,138 @@
+"""save_state / load_state of a ~1 GB model with its AdamW state (~3 GB on disk): plain torch vs hasten vs Accelerate.
+
+    python bench/bench_checkpointing.py        # or through bench/run_all.py
+
+* torch: ``torch.save`` of the model's and the optimizer's state dicts, then ``torch.load`` + ``load_state_dict``
+  (no flush to disk: a crash right after returning can lose the files).
+* hasten: ``Accelerator.save_state`` / ``load_state`` into a new folder (every file flushed to disk, completion
+  marker, atomic rename; plus RNG states).
+* accelerate: the reference library's ``save_state`` / ``load_state`` (no flush either).
+
+Target: hasten <= 1.1x torch and <= the reference. Every save goes to a new folder (old ones are removed
+outside the timing), so no variant benefits from overwriting files, and the page cache's pending writes are
+flushed (``os.sync``, untimed) before each save, so no variant pays for the writes another one left behind.
+Files go to ``BENCH_CHECKPOINT_DIR`` (default: a temporary folder; point it at the disk you train on).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from harness import compare, is_installed  # noqa: E402
+
+LAYERS, WIDTH = 16, 4096  # 16 x 4096 x 4096 fp32 weights: 1.07 GB; AdamW adds 2.1 GB of moments
+
+
+def build():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()  # creates the moments
+    optimizer.zero_grad(set_to_none=True)
+    return model, optimizer
+
+
+class Folders:
+    """A fresh folder for every save; the previous one is deleted before the next timing starts."""
+
+    def __init__(self, root: Path, name: str):
+        self.root, self.name, self.count = root, name, 0
+
+    def fresh(self) -> Path:
+        shutil.rmtree(self.root / f"{self.name}_{self.count}", ignore_errors=True)
+        os.sync()  # untimed: no variant pays for writing back what the previous one left in the page cache
+        self.count += 1
+        return self.root / f"{self.name}_{self.count}"
+
+    @property
+    def last(self) -> Path:
+        return self.root / f"{self.name}_{self.count}"
+
+
+def timed(function) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def main():
+    import torch
+
+    from hasten import Accelerator
+    from hasten.state import AcceleratorState
+
+    root = Path(os.environ.get("BENCH_CHECKPOINT_DIR") or tempfile.mkdtemp(prefix="hasten-bench-ckpt-"))
+    root.mkdir(parents=True, exist_ok=True)
+    model, optimizer = build()
+    size = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+    print(f"model {size:.2f} GB, optimizer state {2 * size:.2f} GB, files in {root}", flush=True)
+
+    AcceleratorState._reset_state(True)
+    ours = Accelerator(cpu=True)
+    our_model, our_optimizer = ours.prepare(model, optimizer)
+    folders = {name: Folders(root, name) for name in ("torch", "hasten", "accelerate")}
+
+    def torch_save():
+        folder = folders["torch"].fresh()
+        folder.mkdir()
+
+        def save():
+            torch.save(model.state_dict(), folder / "model.pt")
+            torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+        return timed(save)
+
+    def torch_load():
+        folder = folders["torch"].last
+
+        def load():
+            model.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
+            optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        return timed(load)
+
+    def hasten_save():
+        folder = folders["hasten"].fresh()
+        return timed(lambda: ours.save_state(folder))
+
+    def hasten_load():
+        folder = folders["hasten"].last
+        return timed(lambda: ours.load_state(folder))
+
+    reference = reference_save = reference_load = None
+    if is_installed("accelerate"):
+        import accelerate
+
+        reference = accelerate.Accelerator(cpu=True)
+        reference.prepare(model, optimizer)
+
+        def reference_save():
+            folder = folders["accelerate"].fresh()
+            return timed(lambda: reference.save_state(str(folder)))
+
+        def reference_load():
+            folder = folders["accelerate"].last
+            return timed(lambda: reference.load_state(str(folder)))
+
+    try:
+        rows = compare(f"save_state {3 * size:.1f} GB", {"torch": torch_save, "hasten": hasten_save,
+                                                         "accelerate": reference_save}, repeats=3)
+        rows += compare(f"load_state {3 * size:.1f} GB", {"torch": torch_load, "hasten": hasten_load,
+                                                          "accelerate": reference_load}, repeats=3)
+    finally:
+        if not os.environ.get("BENCH_CHECKPOINT_DIR"):
+            shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

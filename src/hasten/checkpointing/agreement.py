@@ -1,0 +1,46 @@
+"""Phases of a save or load that every process runs, ending together: all succeed, or all raise.
+
+Without this, a process that fails (a full disk, an object that cannot be saved) raises while the others
+wait at the next barrier until the process group's timeout. Here each process runs its part, then all
+exchange one line of outcome; the failing process raises its own error, the others an error that names the
+process and what went wrong there.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, TypeVar
+
+from ..state import PartialState
+from ..utils.operations import gather_object
+from .errors import CheckpointError
+
+__all__ = ["together", "raise_if_any_failed"]
+
+T = TypeVar("T")
+
+
+def raise_if_any_failed(error: Optional[BaseException], during: str) -> None:
+    """Collective: re-raise ``error`` here, or raise ``CheckpointError`` if another process had one."""
+    state = PartialState()
+    if not state.use_distributed:
+        if error is not None:
+            raise error
+        return
+    outcome = None if error is None else f"{type(error).__name__}: {error}"
+    outcomes = gather_object([outcome])
+    if error is not None:
+        raise error
+    failures = [(index, text) for index, text in enumerate(outcomes) if text is not None]
+    if failures:
+        index, text = failures[0]
+        raise CheckpointError(f"{during} failed on process {index} (so it stops here too): {text}")
+
+
+def together(during: str, function: Callable[..., T], *args, **kwargs) -> T:
+    """Run ``function`` on this process, then agree with the others (see the module docstring)."""
+    try:
+        result = function(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - handed to raise_if_any_failed, which re-raises it
+        raise_if_any_failed(error, during)
+        raise  # unreachable: raise_if_any_failed raised
+    raise_if_any_failed(None, during)
+    return result

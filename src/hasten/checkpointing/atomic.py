@@ -1,0 +1,228 @@
+"""All or nothing on disk: a checkpoint folder either holds a whole saved state or does not exist.
+
+A save writes into a hidden staging folder next to the target (``.{name}.incomplete``). When every file is
+written and flushed to disk, a completion marker (``hasten_checkpoint.json``: every file and its size) is
+written last, and the staging folder is renamed to the target in one step. A save killed at any moment
+therefore leaves either the previous checkpoint or the new one under the target name, never a mixture; the
+staging folder it leaves behind is ignored by ``load_state`` and removed by the next save.
+
+Replacing an existing folder (``save_state("ckpt")`` twice) moves the old one aside (``.{name}.replaced``),
+renames the new one in and deletes the old. Files in the old folder that are not part of a checkpoint (the
+user's own notes, a config written next to it) are carried over into the new one, as the reference library,
+which overwrites files in place, would keep them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Optional
+
+from .errors import CorruptCheckpointError, IncompleteCheckpointError
+from .layout import MARKER_NAME
+
+__all__ = ["staging_folder", "replaced_folder", "fsync_file", "fsync_folder", "write_marker", "read_marker",
+           "verify_complete", "is_complete", "swap_into_place", "recover_interrupted_swap", "remove_folder",
+           "files_of", "MARKER_FORMAT"]
+
+MARKER_FORMAT = 1
+_STAGING_SUFFIX = ".incomplete"
+_REPLACED_SUFFIX = ".replaced"
+_DELETING_SUFFIX = ".deleting"
+
+
+def staging_folder(final: Path) -> Path:
+    """The hidden folder a save into ``final`` writes to first."""
+    return final.parent / f".{final.name}{_STAGING_SUFFIX}"
+
+
+def replaced_folder(final: Path) -> Path:
+    """Where the previous content of ``final`` waits while a new save takes its place."""
+    return final.parent / f".{final.name}{_REPLACED_SUFFIX}"
+
+
+def is_staging_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith((_STAGING_SUFFIX, _REPLACED_SUFFIX, _DELETING_SUFFIX))
+
+
+# ----------------------------------------------------------------------------- flushing
+def fsync_file(path) -> None:
+    """Flush a written file's data to the disk (so a crash after the rename cannot lose it)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_folder(path) -> None:
+    """Flush a folder's entries (renames, new files) to the disk; a no-op where folders cannot be opened."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass  # some file systems refuse fsync on folders; the rename is still atomic
+    finally:
+        os.close(descriptor)
+
+
+def files_of(folder: Path) -> dict[str, int]:
+    """Every file under ``folder`` (relative POSIX path -> size in bytes), the marker excluded."""
+    found = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = Path(root) / name
+            relative = path.relative_to(folder).as_posix()
+            if relative != MARKER_NAME:
+                found[relative] = path.stat().st_size
+    return dict(sorted(found.items()))
+
+
+# ----------------------------------------------------------------------------- the marker
+def write_marker(folder: Path, metadata: dict) -> dict:
+    """Flush every file of ``folder``, then write the completion marker listing them; returns the marker."""
+    files = files_of(folder)
+    for relative in files:
+        fsync_file(folder / relative)
+    marker = {"format": MARKER_FORMAT, "complete": True, "written_at": time.time(), **metadata, "files": files}
+    temporary = folder / f".{MARKER_NAME}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(marker, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, folder / MARKER_NAME)
+    fsync_folder(folder)
+    return marker
+
+
+def read_marker(folder: Path) -> Optional[dict]:
+    """The completion marker of ``folder``; None when there is none (a save that never finished, or a
+    checkpoint written by another library)."""
+    path = Path(folder) / MARKER_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        marker = json.loads(text)
+    except ValueError as error:
+        raise CorruptCheckpointError(
+            f"The completion marker {path} is not valid JSON ({error}): the checkpoint was modified after it was "
+            "saved. Load another checkpoint."
+        ) from None
+    if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict):
+        raise CorruptCheckpointError(f"The completion marker {path} does not list the checkpoint's files.")
+    return marker
+
+
+def is_complete(folder) -> bool:
+    """Whether ``folder`` carries a readable completion marker (a quick test; ``verify_complete`` checks files)."""
+    try:
+        return read_marker(Path(folder)) is not None
+    except CorruptCheckpointError:
+        return False
+
+
+def verify_complete(folder) -> Optional[dict]:
+    """Check that every file the marker lists exists with its saved size; return the marker.
+
+    Returns None for a folder without marker that is not a staging folder (e.g. written by the reference
+    library): the caller then checks the files it needs itself. Raises ``IncompleteCheckpointError`` or
+    ``CorruptCheckpointError`` naming the first missing or damaged file.
+    """
+    folder = Path(folder)
+    if is_staging_name(folder.name):
+        raise IncompleteCheckpointError(
+            f"{folder} is the staging folder of a save that never finished ({MARKER_NAME} was never written): "
+            "its files may be partial. Load the checkpoint it was meant to replace, or another one."
+        )
+    marker = read_marker(folder)
+    if marker is None:
+        return None
+    for relative, size in marker["files"].items():
+        path = folder / relative
+        if not path.is_file():
+            raise IncompleteCheckpointError(
+                f"Checkpoint {folder} is incomplete: {relative} is missing (it was saved, then removed). "
+                "Load another checkpoint."
+            )
+        actual = path.stat().st_size
+        if actual != size:
+            raise CorruptCheckpointError(
+                f"Checkpoint {folder} is damaged: {relative} has {actual} bytes, {size} were saved. "
+                "Load another checkpoint."
+            )
+    return marker
+
+
+# ----------------------------------------------------------------------------- putting a save in place
+def remove_folder(folder: Path) -> None:
+    """Delete a folder so that no half-deleted copy keeps its name: rename it aside first, then delete."""
+    if not folder.exists():
+        return
+    doomed = folder.parent / f".{folder.name}{_DELETING_SUFFIX}"
+    if doomed.exists():
+        shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(folder, doomed)
+    fsync_folder(folder.parent)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _carried_over(old: Path, new_entries: set, is_checkpoint_file) -> list[str]:
+    """Entries of the old folder to keep: not written by the new save and not a file of the old checkpoint."""
+    marker = read_marker(old)
+    listed = set(marker["files"]) if marker else set()
+    kept = []
+    for entry in sorted(os.listdir(old)):
+        if entry == MARKER_NAME or entry in new_entries or entry in listed:
+            continue
+        if any(name.startswith(entry + "/") for name in listed):
+            continue  # a folder the old checkpoint wrote (e.g. by a save hook)
+        if marker is None and is_checkpoint_file(entry):
+            continue  # another library's checkpoint file, replaced by this save
+        kept.append(entry)
+    return kept
+
+
+def _finish_replacement(final: Path, aside: Path, is_checkpoint_file) -> None:
+    """Move the old folder's own (non-checkpoint) entries into the new ``final``, then delete the old folder."""
+    for entry in _carried_over(aside, set(os.listdir(final)), is_checkpoint_file):
+        os.rename(aside / entry, final / entry)
+    fsync_folder(final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def swap_into_place(staging: Path, final: Path, is_checkpoint_file=lambda name: False) -> None:
+    """Rename the completed ``staging`` folder to ``final``, replacing what was there.
+
+    Every step leaves a state ``recover_interrupted_swap`` can finish: the old folder is first moved aside
+    (``.{name}.replaced``), the new one renamed in, then the old one's own files moved over and the rest deleted.
+    """
+    if not final.exists():
+        os.rename(staging, final)
+        fsync_folder(final.parent)
+        return
+    if not final.is_dir():
+        raise NotADirectoryError(f"Cannot save a checkpoint to {final}: it is a file. Choose a folder name.")
+    aside = replaced_folder(final)
+    os.rename(final, aside)
+    os.rename(staging, final)
+    fsync_folder(final.parent)
+    _finish_replacement(final, aside, is_checkpoint_file)
+
+
+def recover_interrupted_swap(final: Path, is_checkpoint_file=lambda name: False) -> None:
+    """Finish (or undo) a replacement that a killed save left half done (see ``swap_into_place``)."""
+    aside = replaced_folder(final)
+    if not aside.is_dir():
+        return
+    if final.is_dir():
+        _finish_replacement(final, aside, is_checkpoint_file)  # the new checkpoint was in place already
+    else:
+        os.rename(aside, final)  # the new one never arrived: the previous checkpoint comes back
+        fsync_folder(final.parent)

@@ -1,0 +1,63 @@
+"""Continuing automatically after a crash: one line at the start of the training script.
+
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir="run", automatic_checkpoint_naming=True))
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    auto_resume(accelerator)   # fresh start: does nothing; after a restart: loads the newest complete checkpoint
+
+Launched with ``hasten launch --max_restarts N``, a job whose process dies is restarted from the top of the
+script; this line then finds the newest checkpoint whose save completed (a save the crash interrupted is
+skipped) and restores everything, including each loader's position, so the loop continues where that
+checkpoint was taken.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+from .errors import CheckpointNotFoundError
+from .loading import agreed_folder
+from .rotation import checkpoints_root, newest_complete_checkpoint
+
+__all__ = ["auto_resume", "latest_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+
+def latest_checkpoint(accelerator, checkpoints_dir=None) -> Optional[str]:
+    """The newest complete checkpoint of the project (or under ``checkpoints_dir``), or None (collective)."""
+    root = Path(os.fspath(checkpoints_dir)) if checkpoints_dir is not None \
+        else checkpoints_root(accelerator.project_configuration)
+
+    def pick():
+        folder = newest_complete_checkpoint(root)
+        if folder is None:
+            raise CheckpointNotFoundError("none")
+        return folder
+
+    try:
+        return str(agreed_folder(pick))
+    except CheckpointNotFoundError:
+        return None
+
+
+def auto_resume(accelerator, checkpoints_dir=None, **load_state_kwargs) -> Optional[str]:
+    """Load the newest complete checkpoint if there is one; returns its folder, or None on a fresh start.
+
+    ``checkpoints_dir`` defaults to ``{project_dir}/checkpoints`` (automatic naming). Call it on every process,
+    after ``prepare`` and ``register_for_checkpointing``. ``load_state_kwargs`` go to ``load_state``.
+    """
+    if checkpoints_dir is None and not accelerator.project_configuration.automatic_checkpoint_naming:
+        raise ValueError(
+            "auto_resume looks for the project's automatically named checkpoints: create the Accelerator with "
+            "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True), or pass checkpoints_dir=..."
+        )
+    folder = latest_checkpoint(accelerator, checkpoints_dir)
+    if folder is None:
+        logger.info("auto_resume: no complete checkpoint yet, starting from scratch.")
+        return None
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    note = f" (restart {restart})" if restart not in (None, "0") else ""
+    logger.warning("auto_resume: continuing from %s%s.", folder, note)
+    return accelerator.load_state(folder, **load_state_kwargs)

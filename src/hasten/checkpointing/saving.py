@@ -1,0 +1,122 @@
+"""``save_state``: write everything a run needs to continue exactly, as one complete checkpoint folder.
+
+Order: take a snapshot of every state (``snapshot.py``), stage a folder (``transaction.py``), run the
+save hooks, write the files (``layout.py`` names them), complete the folder atomically (``atomic.py``),
+then, with automatic naming, delete checkpoints beyond ``total_limit`` (``rotation.py``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from ..state import PartialState
+from . import layout
+from .agreement import together
+from .model_files import drop_aliases
+from .rotation import checkpoints_root, enforce_total_limit, next_automatic_folder, remove_stale_staging
+from .snapshot import Snapshot, take_snapshot
+from .transaction import SaveTransaction
+from .writers import write_pickle, write_tensors
+
+__all__ = ["save_state", "resolve_save_folder"]
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_save_folder(project_configuration, output_dir) -> tuple[Path, bool]:
+    """``(folder, automatic)``: where this save goes and whether it is an automatically named one."""
+    if project_configuration.automatic_checkpoint_naming:
+        if output_dir is not None:
+            logger.warning("automatic_checkpoint_naming is on: output_dir=%r is ignored, the state goes to %s.",
+                           output_dir, checkpoints_root(project_configuration))
+        return next_automatic_folder(project_configuration), True
+    if output_dir is None:
+        raise ValueError(
+            "save_state needs an output_dir, or automatic naming: "
+            "Accelerator(project_config=ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True))."
+        )
+    folder = Path(os.path.abspath(os.path.expanduser(os.fspath(output_dir))))
+    if folder.is_file():
+        raise ValueError(f"Cannot save the state to {folder}: it is a file. Pass a folder path.")
+    working = Path.cwd().resolve()
+    if folder.exists() and (working == folder.resolve() or folder.resolve() in working.parents):
+        raise ValueError(
+            f"Cannot save the state to {folder}: the current working folder is inside it, and a save replaces "
+            "the folder as a whole. Save to a sub-folder, e.g. save_state('checkpoint')."
+        )
+    return folder, False
+
+
+def _write_shared_files(folder: Path, snapshot: Snapshot, safe_serialization: bool) -> None:
+    for index, weights in enumerate(snapshot.weights):
+        if weights is None:
+            continue
+        path = folder / layout.model_file(index, safe_serialization)
+        if safe_serialization:
+            write_tensors(drop_aliases(weights)[0], path, metadata={"format": "pt"})
+        else:
+            write_pickle(weights, path)
+    for index, state in enumerate(snapshot.optimizers):
+        write_pickle(state, folder / layout.optimizer_file(index))
+    for index, state in enumerate(snapshot.schedulers):
+        write_pickle(state, folder / layout.scheduler_file(index))
+    if snapshot.scaler is not None:
+        write_pickle(snapshot.scaler, folder / layout.SCALER_NAME)
+    for index, state in enumerate(snapshot.custom):
+        write_pickle(state, folder / layout.custom_object_file(index))
+
+
+def _write_process_files(folder: Path, snapshot: Snapshot, process_index: int) -> None:
+    write_pickle(snapshot.rng, folder / layout.rng_file(process_index))
+    if snapshot.loaders:
+        write_pickle(snapshot.loaders, folder / layout.loader_states_file(process_index))
+
+
+def _hasten_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **save_model_func_kwargs) -> str:
+    """Save the Accelerator's whole training state; returns the checkpoint folder (see ``Accelerator.save_state``)."""
+    if save_model_func_kwargs:
+        raise TypeError(
+            f"save_state got {sorted(save_model_func_kwargs)}: extra model-saving options are passed to a backend's "
+            f"own checkpoint function (DeepSpeed), and {type(accelerator.strategy).__name__} takes none."
+        )
+    project = accelerator.project_configuration
+    folder, automatic = resolve_save_folder(project, output_dir)
+    state = PartialState()
+
+    snapshot = together("collecting the state to save", take_snapshot, accelerator)
+    if automatic:
+        together("cleaning the checkpoints folder",
+                 lambda: remove_stale_staging(folder.parent)
+                 if (state.is_local_main_process if project.save_on_each_node else state.is_main_process) else None)
+    transaction = SaveTransaction(folder, save_on_each_node=project.save_on_each_node)
+    transaction.begin()
+    logger.info("Saving the state to %s", folder)
+
+    def write(staging: Path) -> None:
+        for hook in list(accelerator._save_model_state_pre_hook.values()):
+            hook(accelerator._models, snapshot.weights, str(staging))
+        if transaction.writes_shared_files:
+            _write_shared_files(staging, snapshot, safe_serialization)
+        _write_process_files(staging, snapshot, state.process_index)
+
+    transaction.write(write)
+    transaction.commit({
+        "library": "hasten", "version": _hasten_version(), "num_processes": state.num_processes,
+        "step": int(snapshot.rng.get("step", 0)), "safe_serialization": bool(safe_serialization),
+        "models": len(snapshot.weights), "optimizers": len(snapshot.optimizers),
+        "schedulers": len(snapshot.schedulers), "custom_objects": len(snapshot.custom),
+        "data_loaders": len(snapshot.loaders),
+    })
+    if automatic:  # by every process that wrote a copy (one per machine without a shared file system)
+        together("removing old checkpoints",
+                 lambda: enforce_total_limit(folder.parent, project.total_limit, keep=folder)
+                 if transaction.writes_shared_files else None)
+    project.iteration += 1
+    return str(folder)

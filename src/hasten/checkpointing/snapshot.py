@@ -1,0 +1,44 @@
+"""Everything a checkpoint holds, taken from the Accelerator in one place before anything is written.
+
+Model and optimizer states come from the strategy (sharded backends produce their own); the rest from the
+prepared objects themselves. Taking it all first means a failure (an object whose ``state_dict`` raises)
+happens before the disk is touched, and the random states are those of the moment ``save_state`` was called.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .model_files import state_dict_for_checkpoint
+from .rng import capture_rng_states
+
+__all__ = ["Snapshot", "take_snapshot"]
+
+
+@dataclass
+class Snapshot:
+    weights: list = field(default_factory=list)  # one state dict per model, keyed as the prepared model
+    optimizers: list = field(default_factory=list)
+    schedulers: list = field(default_factory=list)
+    scaler: Optional[dict] = None
+    loaders: list = field(default_factory=list)  # this process's loader states (None: a loader without one)
+    custom: list = field(default_factory=list)
+    rng: dict = field(default_factory=dict)
+
+
+def _loader_state(loader) -> Optional[Any]:
+    state_dict = getattr(loader, "state_dict", None)
+    return state_dict() if callable(state_dict) else None
+
+
+def take_snapshot(accelerator) -> Snapshot:
+    strategy = accelerator.strategy
+    return Snapshot(
+        weights=[state_dict_for_checkpoint(strategy, model) for model in accelerator._models],
+        optimizers=[strategy.optimizer_state_dict(optimizer) for optimizer in accelerator._optimizers],
+        schedulers=[scheduler.state_dict() for scheduler in accelerator._schedulers],
+        scaler=accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
+        loaders=[_loader_state(loader) for loader in accelerator._dataloaders],
+        custom=[obj.state_dict() for obj in accelerator._custom_objects],
+        rng=capture_rng_states(step=accelerator._accumulator.step),
+    )

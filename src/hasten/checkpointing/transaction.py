@@ -1,0 +1,105 @@
+"""One save across processes: who prepares the staging folder, who writes the shared files, who completes it.
+
+The main process writes the files every process shares (models, optimizers, schedulers, scaler, registered
+objects) and completes the save (marker, rename); every process writes its own random states and loader
+positions into the same staging folder. With ``save_on_each_node`` the main process of every machine that
+does not see the main process's folder (no shared file system) does the same on its own disk.
+
+Each step ends with every process agreeing (``agreement.together``), so a failure anywhere stops all of
+them with an error, and the staging folder of a failed save is removed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from ..state import PartialState
+from ..utils.operations import broadcast_object_list
+from .agreement import together
+from .atomic import recover_interrupted_swap, staging_folder, swap_into_place, write_marker
+from .errors import CheckpointError
+from .layout import is_checkpoint_file
+
+__all__ = ["SaveTransaction"]
+
+_OWNER_FILE = ".hasten_owner"
+
+
+class SaveTransaction:
+    """Stages, writes and completes one checkpoint folder (see the module docstring)."""
+
+    def __init__(self, final: Path, save_on_each_node: bool = False):
+        self.final = Path(os.path.abspath(os.fspath(final)))
+        self.staging = staging_folder(self.final)
+        self.save_on_each_node = save_on_each_node
+        self.state = PartialState()
+        self.writes_shared_files = False
+
+    # ------------------------------------------------------------------ preparing
+    def _claim(self, token: str) -> None:
+        """Make a fresh staging folder (removing one a killed save left) and sign it with ``token``."""
+        recover_interrupted_swap(self.final, is_checkpoint_file)
+        if self.staging.exists():
+            shutil.rmtree(self.staging)
+        self.staging.mkdir(parents=True)
+        (self.staging / _OWNER_FILE).write_text(token, encoding="utf-8")
+        self.writes_shared_files = True
+
+    def _sees(self, token: str) -> bool:
+        try:
+            return (self.staging / _OWNER_FILE).read_text(encoding="utf-8") == token
+        except OSError:
+            return False
+
+    def begin(self) -> None:
+        """Collective: create the staging folder where it is needed; every process can then write into it."""
+        token = [uuid.uuid4().hex if self.state.is_main_process else None]
+        if self.state.use_distributed:
+            broadcast_object_list(token)
+        main = self.state.is_main_process
+        together("preparing the checkpoint folder", lambda: self._claim(token[0]) if main else None)
+        if self.save_on_each_node and self.state.is_local_main_process and not self.state.is_main_process:
+            # another machine: claim a folder of its own unless it shares the main process's file system
+            together("preparing the checkpoint folder", lambda: None if self._sees(token[0]) else self._claim(token[0]))
+        elif self.save_on_each_node:
+            together("preparing the checkpoint folder", lambda: None)
+        together("preparing the checkpoint folder", self._check_visible)
+
+    def _check_visible(self) -> None:
+        if not self.staging.is_dir():
+            raise CheckpointError(
+                f"The checkpoint folder {self.staging} that the main process created is not visible from process "
+                f"{self.state.process_index}: processes on different machines do not share this file system. "
+                "Save to a shared file system, or set ProjectConfiguration(save_on_each_node=True)."
+            )
+
+    # ------------------------------------------------------------------ writing and completing
+    def write(self, function: Callable[[Path], None], during: str = "writing the checkpoint") -> None:
+        """Collective: every process runs ``function(staging_folder)``; on any failure the save is abandoned."""
+        try:
+            together(during, function, self.staging)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _complete(self, metadata: dict) -> None:
+        (self.staging / _OWNER_FILE).unlink(missing_ok=True)
+        write_marker(self.staging, metadata)
+        swap_into_place(self.staging, self.final, is_checkpoint_file)
+
+    def commit(self, metadata: dict) -> None:
+        """Collective: write the completion marker and rename the staging folder into place."""
+        try:
+            writer = self.writes_shared_files
+            together("completing the checkpoint", lambda: self._complete(metadata) if writer else None)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        """Remove this save's staging folder (the previous checkpoint, if any, is untouched)."""
+        if self.writes_shared_files:
+            shutil.rmtree(self.staging, ignore_errors=True)
