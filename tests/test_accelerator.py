@@ -1,7 +1,6 @@
 """The Accelerator in one process: preparation, the training step, accumulation, precision, bad input."""
 import copy
 import pickle
-import warnings
 
 import pytest
 import torch

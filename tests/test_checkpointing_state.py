@@ -306,7 +306,7 @@ def test_strict_false_loads_a_model_with_extra_weights(tmp_path):
     accelerator.save_state(tmp_path / "ckpt")
     fresh()
     accelerator = Accelerator(cpu=True)
-    bigger = accelerator.prepare(nn.Sequential(nn.Linear(2, 2)))
+    accelerator.prepare(nn.Sequential(nn.Linear(2, 2)))  # keys "0.weight" ... do not match
     with pytest.raises(RuntimeError, match="Missing key"):
         accelerator.load_state(tmp_path / "ckpt")
     fresh()

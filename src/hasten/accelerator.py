@@ -10,7 +10,7 @@ import collections
 import contextlib
 import functools
 import weakref
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn

@@ -13,7 +13,7 @@ import contextlib
 import datetime
 import functools
 import os
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist

@@ -13,7 +13,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, LocalSGD
-from hasten.config.data import DataLoaderConfiguration
 from hasten.config.kwargs import DistributedDataParallelKwargs
 from hasten.state import AcceleratorState, GradientState
 

@@ -23,6 +23,8 @@ from typing import Optional
 from .errors import CorruptCheckpointError, IncompleteCheckpointError
 from .layout import MARKER_NAME
 
+from ..utils.serialization import fsync_file  # the one implementation, shared with hasten.utils.save
+
 __all__ = ["staging_folder", "replaced_folder", "fsync_file", "fsync_folder", "write_marker", "read_marker",
            "verify_complete", "is_complete", "swap_into_place", "recover_interrupted_swap", "remove_folder",
            "files_of", "MARKER_FORMAT"]
@@ -48,15 +50,6 @@ def is_staging_name(name: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- flushing
-def fsync_file(path) -> None:
-    """Flush a written file's data to the disk (so a crash after the rename cannot lose it)."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def fsync_folder(path) -> None:
     """Flush a folder's entries (renames, new files) to the disk; a no-op where folders cannot be opened."""
     try:

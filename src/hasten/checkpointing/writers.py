@@ -18,14 +18,12 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import uuid
-from pathlib import Path
 from typing import Optional
 
 import torch
 
-from .atomic import fsync_file
 from .safetensors_io import safetensors_pieces
+from ..utils.serialization import atomic_file  # the one implementation, shared with hasten.utils.save
 
 __all__ = ["DurableFile", "write_pickle", "write_tensors", "atomic_file"]
 
@@ -114,16 +112,3 @@ def write_tensors(tensors: dict, path, metadata=None) -> None:
             handle.write(piece)
 
 
-@contextlib.contextmanager
-def atomic_file(path):
-    """Yield a temporary path next to ``path``; once the block succeeds it is flushed and renamed to ``path``."""
-    path = Path(path)
-    temporary = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        yield temporary
-        fsync_file(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temporary)
-        raise

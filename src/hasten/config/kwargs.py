@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from .enums import _StrEnum
 

@@ -37,7 +37,7 @@ def _is_path(f) -> bool:
 
 
 @contextlib.contextmanager
-def _atomic_target(path: Path):
+def atomic_file(path: Path):
     """Yield a temporary path next to ``path``; on success it replaces ``path``, on failure it is removed."""
     folder = path.parent
     if not folder.is_dir():
@@ -45,7 +45,7 @@ def _atomic_target(path: Path):
     temporary = folder / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
     try:
         yield temporary
-        _fsync(temporary)
+        fsync_file(temporary)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -53,7 +53,8 @@ def _atomic_target(path: Path):
         raise
 
 
-def _fsync(path: Path) -> None:
+def fsync_file(path: Path) -> None:
+    """Flush a written file's data to the disk (so a crash after a rename cannot lose it)."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
@@ -146,7 +147,7 @@ def save(obj: Any, f, save_on_each_node: bool = False, safe_serialization: bool 
     if not _is_path(f):
         _write(obj, f, safe_serialization)
         return
-    with _atomic_target(Path(f)) as temporary:
+    with atomic_file(Path(f)) as temporary:
         _write(obj, temporary, safe_serialization)
 
 
