@@ -557,3 +557,11 @@ def test_run_all_finds_the_benchmarks():
     assert [path.name for path in run_all.discover(["launcher"])] == ["bench_launcher.py"]
     with pytest.raises(SystemExit, match="no benchmark named"):
         run_all.discover(["no_such_bench"])
+
+
+def test_cpu_affinity_flag_reaches_the_script(script, tmp_path):
+    plan = plan_for(["--enable_cpu_affinity", script], None, None)
+    assert plan.env["HASTEN_CPU_AFFINITY"] == "true"
+    path = write_config(tmp_path / "cfg.yaml", num_processes=1, enable_cpu_affinity=False)
+    config_path, config = load_launch_config(path)
+    assert "HASTEN_CPU_AFFINITY" not in plan_for(["--config_file", path, script], config, config_path).env

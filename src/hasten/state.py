@@ -104,6 +104,10 @@ class PartialState:
         else:
             self.device = torch.device(device_type, self.local_process_index)
             getattr(torch, device_type).set_device(self.device)
+            if parse_flag_from_env(env_name("cpu_affinity")):  # hasten launch --enable_cpu_affinity
+                from .utils.numa import set_numa_affinity
+
+                set_numa_affinity(self.local_process_index)
 
     def _init_process_group(self, device_type: str, kwargs: dict) -> None:
         if "MASTER_ADDR" not in os.environ and kwargs.get("init_method") is None:

@@ -125,13 +125,14 @@ SETTINGS = (
     _Setting("dynamo_use_dynamic", _boolean, _key("dynamo_config", "dynamo_use_dynamic")),
     _Setting("dynamo_use_regional_compilation", _boolean, _key("dynamo_config", "dynamo_use_regional_compilation")),
     _Setting("debug", _boolean, _key("debug"), is_switch=True),
+    _Setting("enable_cpu_affinity", _boolean, _key("enable_cpu_affinity"), is_switch=True),
     _Setting("num_cpu_threads_per_process", _positive, None),
     _Setting("tee", _text, None),
     _Setting("log_dir", _text, None),
 )
 
 DEFAULTS = {"num_machines": 1, "machine_rank": 0, "rdzv_backend": "static", "max_restarts": 0,
-            "monitor_interval": 0.1, "cpu": False, "debug": False}
+            "monitor_interval": 0.1, "cpu": False, "debug": False, "enable_cpu_affinity": False}
 
 # resolved setting -> the HASTEN_* variable that carries it to the script (set only when given explicitly)
 SETTING_ENV = {
@@ -144,13 +145,14 @@ SETTING_ENV = {
     "dynamo_use_dynamic": "dynamo_use_dynamic",
     "dynamo_use_regional_compilation": "dynamo_use_regional_compilation",
     "debug": "debug_mode",
+    "enable_cpu_affinity": "cpu_affinity",
 }
 
 # What the script assumes when a setting is not given. A config file value equal to it (write_basic_config
 # writes `mixed_precision: no`) is not exported: it would otherwise contradict an argument in code.
 SCRIPT_DEFAULTS = {"mixed_precision": "no", "cpu": False, "gradient_accumulation_steps": 1, "dynamo_backend": "NO",
                    "dynamo_mode": "default", "dynamo_use_fullgraph": False, "dynamo_use_dynamic": False,
-                   "dynamo_use_regional_compilation": False, "debug": False}
+                   "dynamo_use_regional_compilation": False, "debug": False, "enable_cpu_affinity": False}
 
 # distributed_type in a config file -> the HASTEN_USE_* switch that tells the script which strategy to use
 STRATEGY_ENV = {DistributedType.FSDP.value: "use_fsdp", DistributedType.DEEPSPEED.value: "use_deepspeed",

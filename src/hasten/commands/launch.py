@@ -44,6 +44,8 @@ def _define(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
              help="how often the agent checks its workers (default 0.1)")
     add_flag(procs, "cpu", action="store_true", default=None, help="run on CPU even when GPUs are present")
     add_flag(procs, "gpu_ids", default=None, metavar="IDS", help="GPUs to use, e.g. 0,1 (default all)")
+    add_flag(procs, "enable_cpu_affinity", action="store_true", default=None,
+             help="pin each GPU process to the CPU cores of its GPU's NUMA node")
     add_flag(procs, "num_cpu_threads_per_process", type=int, default=None, metavar="N",
              help="OMP_NUM_THREADS of each process (default: cores // processes on this machine)")
     add_flag(procs, "multi_gpu", action="store_true", default=False,
