@@ -9,19 +9,9 @@ from torch import nn
 
 import hasten
 from hasten.state import AcceleratorState, GradientState
+from fixtures import Counter
 
 accelerate = pytest.importorskip("accelerate")
-
-
-class Counter:
-    def __init__(self):
-        self.value = 0
-
-    def state_dict(self):
-        return {"value": self.value}
-
-    def load_state_dict(self, state):
-        self.value = state["value"]
 
 
 def build(library, seed):

@@ -13,17 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from hasten import Accelerator
 from hasten.checkpointing import CheckpointNotFoundError, IncompleteCheckpointError
 from hasten.state import AcceleratorState, GradientState
-
-
-class Counter:
-    def __init__(self, value=0):
-        self.value = value
-
-    def state_dict(self):
-        return {"value": self.value}
-
-    def load_state_dict(self, state):
-        self.value = state["value"]
+from fixtures import Counter
 
 
 def fresh():

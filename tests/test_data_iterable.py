@@ -7,6 +7,7 @@ from torch.utils.data import IterableDataset
 
 from hasten.data import IterableDatasetShard
 from hasten.data.iterable import StatefulIterableDatasetShard
+from fixtures import ResumableStream
 
 
 class Numbers(IterableDataset):
@@ -32,28 +33,6 @@ class ShuffledNumbers(IterableDataset):
 
     def __iter__(self):
         return iter(torch.randperm(self.length, generator=self.generator).tolist())
-
-
-class Resumable(IterableDataset):
-    """An iterable dataset that saves its own position; counts what it reads."""
-
-    def __init__(self, length):
-        self.length = length
-        self.position = 0
-        self.reads = 0
-
-    def __iter__(self):
-        while self.position < self.length:
-            self.position += 1
-            self.reads += 1
-            yield self.position - 1
-        self.position = 0
-
-    def state_dict(self):
-        return {"position": self.position}
-
-    def load_state_dict(self, state):
-        self.position = state["position"]
 
 
 def shares(dataset_factory, processes, **kwargs):
@@ -127,7 +106,7 @@ def test_set_epoch_is_forwarded():
 
 def test_dataset_with_its_own_state_gives_a_resumable_shard():
     assert type(IterableDatasetShard(Numbers(3))) is IterableDatasetShard
-    assert isinstance(IterableDatasetShard(Resumable(3)), StatefulIterableDatasetShard)
+    assert isinstance(IterableDatasetShard(ResumableStream(3)), StatefulIterableDatasetShard)
 
 
 @pytest.mark.parametrize("split, taken", [(False, 5), (True, 3), (False, 0), (False, 2), (True, 1)])
@@ -135,13 +114,13 @@ def test_stateful_shard_resumes_without_replaying(split, taken):
     def make(dataset):
         return IterableDatasetShard(dataset, batch_size=2, num_processes=2, process_index=1, split_batches=split)
 
-    full = list(make(Resumable(11)))
-    dataset = Resumable(11)
+    full = list(make(ResumableStream(11)))
+    dataset = ResumableStream(11)
     shard = make(dataset)
     iterator = iter(shard)
     head = [next(iterator) for _ in range(min(taken, len(full)))]
     state = shard.state_dict()
-    resumed_dataset = Resumable(11)
+    resumed_dataset = ResumableStream(11)
     resumed = make(resumed_dataset)
     resumed.load_state_dict(state)
     assert head + list(resumed) == full

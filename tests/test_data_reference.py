@@ -13,21 +13,11 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 reference = pytest.importorskip("accelerate.data_loader")
 
 from hasten.data import BatchSamplerShard, IterableDatasetShard, prepare_data_loader  # noqa: E402
+from fixtures import Numbers
 
 LENGTHS = (0, 1, 2, 5, 8, 11, 16)
 BATCH_SIZES = (1, 2, 3, 4)
 PROCESSES = (1, 2, 3, 4)
-
-
-class Numbers(IterableDataset):
-    def __init__(self, length):
-        self.length = length
-
-    def __iter__(self):
-        return iter(range(self.length))
-
-    def __len__(self):
-        return self.length
 
 
 def outcome(build):

@@ -5,6 +5,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hasten.data import DataLoaderShard, SkipBatchSampler, SkipDataLoader, prepare_data_loader, skip_first_batches
 from hasten.state import GradientState
+from fixtures import Numbers, ResumableStream
 
 
 class Counted(Dataset):
@@ -20,39 +21,6 @@ class Counted(Dataset):
     def __getitem__(self, index):
         self.loaded += 1
         return index
-
-
-class Stream(IterableDataset):
-    def __init__(self, length):
-        self.length = length
-
-    def __iter__(self):
-        return iter(range(self.length))
-
-    def __len__(self):
-        return self.length
-
-
-class ResumableStream(IterableDataset):
-    """An iterable dataset with its own position (state_dict / load_state_dict); counts what it reads."""
-
-    def __init__(self, length):
-        self.length = length
-        self.position = 0
-        self.reads = 0
-
-    def __iter__(self):
-        while self.position < self.length:
-            self.position += 1
-            self.reads += 1
-            yield self.position - 1
-        self.position = 0
-
-    def state_dict(self):
-        return {"position": self.position}
-
-    def load_state_dict(self, state):
-        self.position = state["position"]
 
 
 def values(loader):
@@ -94,15 +62,15 @@ def test_skip_first_batches_continues_the_epoch_of_a_prepared_loader(shuffle):
 
 
 def test_skip_first_batches_on_an_iterable_reads_and_drops():
-    prepared = prepare_data_loader(DataLoader(Stream(10), batch_size=2), num_processes=2, process_index=0,
+    prepared = prepare_data_loader(DataLoader(Numbers(10), batch_size=2), num_processes=2, process_index=0,
                                    dispatch_batches=False)
     full = values(prepared)
     assert values(skip_first_batches(prepared, 1)) == full[1:]
-    assert values(skip_first_batches(DataLoader(Stream(10), batch_size=3), 2)) == [[6, 7, 8], [9]]
+    assert values(skip_first_batches(DataLoader(Numbers(10), batch_size=3), 2)) == [[6, 7, 8], [9]]
 
 
 def test_skip_first_batches_on_a_dispatcher():
-    prepared = prepare_data_loader(DataLoader(Stream(9), batch_size=2), dispatch_batches=True)
+    prepared = prepare_data_loader(DataLoader(Numbers(9), batch_size=2), dispatch_batches=True)
     assert values(skip_first_batches(prepared, 3)) == [[6, 7], [8]]
     mapped = prepare_data_loader(DataLoader(Counted(9), batch_size=2), dispatch_batches=True)
     assert values(skip_first_batches(mapped, 3)) == [[6, 7], [8]]
