@@ -41,21 +41,17 @@ def compile_regions(model: nn.Module, **compile_kwargs) -> nn.Module:
     containers = repeated_block_containers(model)
     if not containers:
         return compile_model(model, **compile_kwargs)
-    inside = set()
-    for container in containers:
-        inside.update(id(m) for m in container.modules())
+    stacks = {id(container) for container in containers}
     regions = []
 
     def visit(module):
-        if _is_repeated_stack(module):
-            regions.extend(module.children())
-            return
-        has_stack_below = any(id(m) in inside for m in module.modules())
-        if has_stack_below:
+        if id(module) in stacks:
+            regions.extend(module.children())  # each repeated block is a region
+        elif any(id(m) in stacks for m in module.modules()):
             for child in module.children():
                 visit(child)
-        elif any(True for _ in module.parameters(recurse=True)) or module is not model:
-            regions.append(module)
+        else:
+            regions.append(module)  # a part with no stack inside is one region
 
     for child in model.children():
         visit(child)
