@@ -1,30 +1,37 @@
 # `make demo`, `make test` and `make bench` each build .venv when missing: the CPU torch wheel first
 # (a plain `torch` requirement resolved from scratch would pull a multi-GB CUDA build), then hasten.
+# The demo needs only hasten and its runtime dependencies; tests and benchmarks add the test tools and the
+# reference library they compare against.
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+TEST_STAMP := $(VENV)/.installed-test
 TEST_EXTRAS ?= test,reference,stateful
 
 .PHONY: demo test test-unit test-distributed bench venv clean
 
-venv: $(STAMP)
+venv: $(TEST_STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(RUNTIME_STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[$(TEST_EXTRAS)]"
-	touch $(STAMP)
+	$(PY) -m pip install -q -e .
+	touch $(RUNTIME_STAMP)
 
-demo: $(STAMP)
+$(TEST_STAMP): $(RUNTIME_STAMP)
+	$(PY) -m pip install -q -e ".[$(TEST_EXTRAS)]"
+	touch $(TEST_STAMP)
+
+demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/hasten launch -n 2 examples/demo.py
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest tests
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) bench/run_all.py
 
 clean:

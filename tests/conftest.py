@@ -6,9 +6,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# Tests must never think they were launched: drop launcher variables inherited from a shell.
+# Tests must never think they were launched: drop launcher variables inherited from a shell (and Accelerate's
+# ACCELERATE_* aliases of the HASTEN_* ones).
 for _key in list(os.environ):
-    if _key.startswith("HASTEN_") or _key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    if _key.startswith(("HASTEN_", "ACCELERATE_")) or _key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                              "MASTER_PORT"):
         os.environ.pop(_key)
 
 

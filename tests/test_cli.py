@@ -501,9 +501,9 @@ def test_config_default_elsewhere_and_bad_precision(tmp_path, capsys):
 
 
 def test_test_command_launches_the_bundled_sanity_script(tmp_path):
-    from hasten.commands.test import test_command
+    from hasten.commands.test import sanity_launch_command
 
-    command = test_command(tmp_path / "cfg.yaml", 2)
+    command = sanity_launch_command(tmp_path / "cfg.yaml", 2)
     assert command[:4] == [sys.executable, "-m", "hasten", "launch"]
     assert command[4:8] == ["--config_file", str(tmp_path / "cfg.yaml"), "--num_processes", "2"]
     assert os.path.isfile(command[-1]) and command[-1].endswith("sanity_check.py")

@@ -201,11 +201,20 @@ def test_machine_rank_must_be_below_num_machines(tmp_path):
         load_config_file(write(tmp_path / "c.yaml", "num_machines: 2\nmachine_rank: 2\n"))
 
 
-def test_unknown_keys_are_kept_with_a_warning(tmp_path):
+def test_unknown_keys_are_an_error_that_suggests_the_known_key(tmp_path):
     path = write(tmp_path / "c.yaml", "mixed_precison: bf16\nnum_processes: 2\nmy_setting: {a: 1}\n")
-    with pytest.warns(UserWarning, match=r"\['mixed_precison', 'my_setting'\]"):
-        config = load_config_file(path)
-    assert config == {"mixed_precison": "bf16", "num_processes": 2, "my_setting": {"a": 1}}
+    with pytest.raises(ValueError) as error:
+        load_config_file(path)
+    message = str(error.value)
+    assert str(path) in message
+    assert "'mixed_precison' (did you mean 'mixed_precision'?), 'my_setting'" in message
+
+
+def test_unknown_dynamo_config_keys_are_an_error(tmp_path):
+    path = write(tmp_path / "c.yaml", "dynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mod: default\n")
+    with pytest.raises(ValueError, match=r"'dynamo_config'.*'dynamo_mod' \(did you mean 'dynamo_mode'\?\)"):
+        load_config_file(path)
+    assert load_config_file(write(tmp_path / "ok.yaml", "dynamo_config:\n  backend: eager\n  mode: default\n"))
 
 
 def test_sagemaker_distributed_types(tmp_path):

@@ -194,11 +194,12 @@ def test_load_state_dict_rejects_foreign_states():
         loader.load_state_dict(shuffled.state_dict())
 
 
-def test_len_during_a_resumed_pass():
+def test_len_stays_the_epoch_length_during_a_resumed_pass():
+    # Accelerate's resume loop computes divmod(completed_steps, len(loader)) after load_state
     loader = prepare_data_loader(DataLoader(range(10), batch_size=2))
     loader.load_state_dict({"epoch": 0, "batches_yielded": 3})
-    assert len(loader) == 2
-    assert [len(loader) for _ in loader] == [2, 2]
+    assert len(loader) == 5
+    assert [len(loader) for _ in loader] == [5, 5]
     assert len(loader) == 5
 
 

@@ -26,6 +26,9 @@ UTILS_SUBMODULES = ("dataclasses operations modeling offload memory random other
                     "launch fsdp_utils deepspeed megatron_lm bnb versions torch_xla tqdm transformer_engine ao").split()
 TOP_MODULES = ("hooks big_modeling data_loader state optimizer scheduler logging launchers local_sgd tracking "
                "inference parallelism_config memory_utils checkpointing test_utils accelerator").split()
+# Modules that scripts import the package's main names from (``from accelerate.accelerator import
+# DataLoaderConfiguration``): every top-level ``accelerate`` name they hold counts as public there too.
+MAIN_NAME_MODULES = ("accelerate.accelerator", "accelerate.state")
 _P = inspect.Parameter
 _POSITIONAL = (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)
 _VARIADIC = (_P.VAR_POSITIONAL, _P.VAR_KEYWORD)
@@ -76,25 +79,40 @@ def public_names(module) -> dict[str, object]:
             home = getattr(value, "__module__", None) or ""
             if (callable(value) or inspect.isclass(value)) and not home.startswith("accelerate") and name not in own:
                 continue  # a third-party name the package happens to import
-        elif name not in own:
+        elif name not in own and not (module.__name__ in MAIN_NAME_MODULES and _is_top_level_name(name)):
             continue
         found[name] = value
     return found
+
+
+def _is_top_level_name(name: str) -> bool:
+    return not isinstance(getattr(accelerate, name, types), types.ModuleType)
 
 
 def hasten_path(path: str) -> str:
     return path.replace("accelerate", "hasten")
 
 
-def cannot_exist() -> dict[str, str]:
-    """The migration guide's table of Accelerate names that hasten does not provide: ``{path: reason}``."""
+def _table(heading: str) -> dict[str, str]:
+    """The rows ``| `accelerate.path` | why |`` of one section of the migration guide: ``{path: why}``."""
     text = MIGRATION_DOC.read_text()
-    section = text.split("## Names that cannot exist", 1)
-    assert len(section) == 2, "docs/migration.md lost its '## Names that cannot exist' section"
+    section = text.split(f"## {heading}\n", 1)
+    assert len(section) == 2, f"docs/migration.md lost its '## {heading}' section"
+    body = re.split(r"^## ", section[1], maxsplit=1, flags=re.M)[0]
     rows = {}
-    for match in re.finditer(r"^\|\s*`(accelerate[\w.]*)`\s*\|\s*(.+?)\s*\|\s*$", section[1], re.M):
+    for match in re.finditer(r"^\|\s*`(accelerate[\w.]*)`\s*\|\s*(.+?)\s*\|\s*$", body, re.M):
         rows[match.group(1)] = match.group(2)
     return rows
+
+
+def cannot_exist() -> dict[str, str]:
+    """Accelerate names that hasten does not provide, with the reason."""
+    return _table("Names that cannot exist")
+
+
+def values_that_differ() -> dict[str, str]:
+    """Accelerate constants whose hasten value differs on purpose, with the reason."""
+    return _table("Values that differ on purpose")
 
 
 def _without_self(signature) -> list:
@@ -164,6 +182,7 @@ def _lookup(path_module: str, name: str):
 
 def test_every_reference_name_exists_with_a_compatible_signature():
     exempt = cannot_exist()
+    own_values = values_that_differ()
     problems = []
     for module_name, name, reference in _surface():
         path = f"{module_name}.{name}"
@@ -179,7 +198,7 @@ def test_every_reference_name_exists_with_a_compatible_signature():
             if why:
                 problems.append(f"{path}: {why}")
         elif isinstance(reference, (str, int, float, bool)) and not isinstance(reference, enum_types()):
-            if ours != reference:
+            if ours != reference and path not in own_values:
                 problems.append(f"{path}: value {ours!r} differs from the reference's {reference!r}")
     assert not problems, f"{len(problems)} Accelerate names are missing or incompatible:\n" + "\n".join(problems)
 
@@ -222,10 +241,16 @@ def test_every_reference_class_method_exists_with_a_compatible_signature():
     assert not problems, f"{len(problems)} methods are missing or incompatible:\n" + "\n".join(problems)
 
 
+def _reference_value(path: str):
+    module_name, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(module_name), name)
+
+
 def test_the_cannot_exist_table_lists_only_reference_names_that_hasten_lacks():
     surface = {f"{m}.{n}" for m, n, _ in _surface()} | set(reference_modules())
     classes = {f"{m}.{n}": v for m, n, v in _surface() if inspect.isclass(v)}
-    stale = []
+    stale = [f"{path}: listed as differing but equal to the reference's value" for path in values_that_differ()
+             if path in surface and _lookup(*path.rsplit(".", 1))[0] == _reference_value(path)]
     for path in cannot_exist():
         owner, _, attr = path.rpartition(".")
         if path not in surface and not (owner in classes and hasattr(classes[owner], attr)):

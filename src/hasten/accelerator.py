@@ -9,6 +9,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import sys
+import warnings
 import weakref
 from typing import Callable, Optional
 
@@ -18,21 +20,42 @@ from torch import nn
 from .accumulation import GradientAccumulator
 from .compile import apply_dynamo_plugin, remove_regional_compilation
 from .config.accelerator_settings import SPLIT_BATCHES_UNSET, resolve_accelerator_settings
-from .config.kwargs import AutocastKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs
+from .config.data import DataLoaderConfiguration
+from .config.deepspeed import DeepSpeedPlugin
+from .config.enums import DistributedType
+from .config.fsdp import FullyShardedDataParallelPlugin
+from .config.kwargs import (AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs,
+                            ProfileKwargs)
+from .config.parallelism import ParallelismConfig
+from .data.resume import skip_first_batches
 from .evaluation import gather_for_metrics as _gather_for_metrics
 from .logging import get_logger
 from .optimizer import AcceleratedOptimizer
 from .precision import MixedPrecision
 from .scheduler import AcceleratedScheduler
-from .state import AcceleratorState, GradientState
+from .state import AcceleratorState, GradientState, PartialState
 from .strategies import select_strategy
 from .utils import operations
 from .utils.memory import release_memory
+from .utils.planned import not_yet_supported
 from .utils.serialization import save as _save
 
 __all__ = ["Accelerator"]
+# Also importable from here, as scripts written for Accelerate do (``from accelerate.accelerator import ...``).
+_MAIN_NAMES = (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
+               DistributedDataParallelKwargs, ParallelismConfig, PartialState, skip_first_batches)
 
 _LR_SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def _main_process_only(method):
+    """Run an Accelerator method on the main process only; the others get None (the reference's tracker methods)."""
+
+    def run(self, *args, **kwargs):
+        return method(self, *args, **kwargs) if self.is_main_process else None
+
+    run.__name__, run.__qualname__, run.__doc__ = method.__name__, method.__qualname__, method.__doc__
+    return run
 
 
 class Accelerator:
@@ -56,7 +79,8 @@ class Accelerator:
                 "log_with, or log with your tracker's own API meanwhile."
             )
         if parallelism_config is not None:
-            raise NotImplementedError("parallelism_config is not yet supported by hasten; it is planned.")
+            raise not_yet_supported("parallelism_config (N-D parallelism: tensor, context, sharded data)",
+                                    "train with DDP (no parallelism_config)")
         settings = resolve_accelerator_settings(
             mixed_precision=mixed_precision, cpu=cpu, gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin, dynamo_backend=dynamo_backend,
@@ -219,6 +243,70 @@ class Accelerator:
         """Whether the last optimizer step was skipped (fp16 overflow)."""
         return any(optimizer.step_was_skipped for optimizer in self._optimizers)
 
+    @property
+    def multi_device(self) -> bool:
+        """Whether several processes each drive one accelerator or CPU (plain data parallelism: DDP)."""
+        return self.use_distributed and self.distributed_type.name.startswith("MULTI_")
+
+    @property
+    def deepspeed_plugin(self):
+        """The active ``DeepSpeedPlugin``; None when DeepSpeed is not in use."""
+        return self.state.deepspeed_plugin
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.state.is_fsdp2
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """Whether the model uses torch's composable parallelism APIs (FSDP2)."""
+        return self.is_fsdp2
+
+    @property
+    def parallelism_config(self):
+        """The ``ParallelismConfig`` of N-D parallelism; None without one."""
+        return self.state.parallelism_config
+
+    @property
+    def torch_device_mesh(self):
+        """The ``DeviceMesh`` of N-D parallelism; None without ``parallelism_config``."""
+        return self.state.device_mesh
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this process writes model files (the local main process without N-D parallelism)."""
+        return self.state.is_local_main_process if self.parallelism_config is None else True
+
+    # Without tensor / pipeline / context parallelism or sharded data parallelism, every process is one
+    # data-parallel rank: its rank in each model-parallel dimension is 0.
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return 0
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        return 0
+
+    @property
+    def context_parallel_rank(self) -> int:
+        return 0
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        return 0
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's rank among the data-parallel replicas (its process index)."""
+        return self.process_index
+
+    @property
+    def fp8_backend(self):
+        """The library running fp8 training (``FP8BackendType.NO``: hasten runs no fp8 backend yet)."""
+        from .config.fp8 import FP8BackendType
+
+        return FP8BackendType.NO
+
     def __repr__(self) -> str:
         return f"Accelerator({self.strategy!r}, mixed_precision={self.mixed_precision!r})"
 
@@ -226,23 +314,18 @@ class Accelerator:
     def prepare(self, *args, device_placement=None):
         """Prepare models, optimizers, schedulers and data loaders, in any order and number.
 
-        Returns them in the order given (a single object is returned alone). Objects that are already prepared
-        come back unchanged. ``device_placement`` (a list of bools, one per object) overrides the Accelerator's
-        setting for models and optimizers.
+        Returns them in the order given (a single object is returned alone). Objects that are already prepared,
+        and objects prepare() does not handle (None, lists, dicts, anything else), come back unchanged.
+        ``device_placement`` (a list of bools, one per object) overrides the Accelerator's setting for models and
+        optimizers.
         """
         if device_placement is None:
             device_placement = [None] * len(args)
         elif len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects; give "
                              "one bool per object passed to prepare().")
-        for obj in args:
-            if not self._is_preparable(obj):
-                raise TypeError(
-                    f"prepare() takes models, optimizers, learning-rate schedulers and data loaders; got "
-                    f"{type(obj).__name__}. Leave other objects out of prepare()."
-                )
         result = list(args)
-        fresh = [i for i, obj in enumerate(args) if not self._is_prepared(obj)]
+        fresh = [i for i, obj in enumerate(args) if self._kind(obj) is not None and not self._is_prepared(obj)]
         kinds = {i: self._kind(args[i]) for i in fresh}
 
         for i in fresh:
@@ -268,19 +351,17 @@ class Accelerator:
         return result[0] if len(result) == 1 else tuple(result)
 
     @staticmethod
-    def _kind(obj) -> str:
+    def _kind(obj) -> Optional[str]:
+        """What prepare() does with ``obj``; None: nothing (it is returned as given, as Accelerate does)."""
         if isinstance(obj, nn.Module):
             return "model"
         if isinstance(obj, torch.optim.Optimizer):
             return "optimizer"
         if isinstance(obj, _LR_SCHEDULER_TYPES) or isinstance(obj, AcceleratedScheduler):
             return "scheduler"
-        return "data_loader"
-
-    @staticmethod
-    def _is_preparable(obj) -> bool:
-        return isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader,
-                                AcceleratedScheduler) + _LR_SCHEDULER_TYPES)
+        if isinstance(obj, torch.utils.data.DataLoader):
+            return "data_loader"
+        return None
 
     def _is_prepared(self, obj) -> bool:
         return isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler)) or obj in self._prepared
@@ -307,17 +388,19 @@ class Accelerator:
                 [self._remember(o, self._optimizers) for o in wrapped])
 
     def _check_optimizers_belong_to_models(self, new_models, optimizers) -> None:
-        """An optimizer must train at least one parameter of a prepared model (catches optimizers built on a copy)."""
+        """Warn about an optimizer that trains no parameter of a prepared model: it may have been built on a copy
+        of the model, or its model is prepared later (a GAN prepares each model with its optimizer)."""
         known = {id(p) for model in list(new_models) + self._models for p in model.parameters()}
         if not known:
             return  # no model prepared yet: nothing to compare with
         for optimizer in optimizers:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if params and not any(id(p) in known for p in params):
-                raise ValueError(
-                    f"The {type(optimizer).__name__} given to prepare() trains none of the parameters of the prepared "
-                    "model(s): it was probably built on another copy of the model. Create the optimizer from "
-                    "model.parameters() of the model you pass to prepare()."
+                get_logger(__name__).warning(
+                    "The %s given to prepare() trains none of the parameters of the model(s) prepared so far. If "
+                    "its model is prepared later, that is fine; if it was built on another copy of the model, it "
+                    "trains that copy: create it from model.parameters() of the model you pass to prepare().",
+                    type(optimizer).__name__,
                 )
 
     def prepare_model(self, model: nn.Module, device_placement: Optional[bool] = None, evaluation_mode: bool = False):
@@ -436,6 +519,46 @@ class Accelerator:
         """The mixed-precision autocast context (to run code outside the prepared model's forward)."""
         return self.precision.autocast(autocast_handler)
 
+    @contextlib.contextmanager
+    def maybe_context_parallel(self, buffers: Optional[list] = None, buffer_seq_dims: Optional[list] = None,
+                               no_restore_buffers: Optional[set] = None):
+        """Shard ``buffers`` along their sequence dimension for context parallelism in the block.
+
+        Context parallelism needs ``parallelism_config`` with ``cp_size > 1``; without it the block runs
+        unchanged (with a one-time warning), so a loop written for it runs everywhere.
+        """
+        get_logger(__name__).warning_once(
+            "Context parallelism is not enabled (it needs parallelism_config with cp_size > 1): "
+            "maybe_context_parallel has no effect."
+        )
+        yield
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Backward and update in one pass with the prepared LOMO / AdaLomo optimizers (``lomo-optim``)."""
+        if learning_rate is None:
+            raise ValueError("A learning rate must be passed in order to call backward pass with LOMO optimizers.")
+        lomo = sys.modules.get("lomo_optim")
+        kinds = tuple(getattr(lomo, name) for name in ("Lomo", "AdaLomo") if hasattr(lomo, name))
+        called = False
+        for optimizer in self._optimizers:
+            if kinds and isinstance(optimizer.optimizer, kinds):
+                optimizer.optimizer.fused_backward(loss, learning_rate)
+                called = True
+        if not called:
+            raise ValueError(
+                "Backward pass not properly called on LOMO optimizers: no Lomo or AdaLomo optimizer (lomo-optim) "
+                "was passed to prepare(). Prepare one, or call accelerator.backward(loss) for other optimizers."
+            )
+
+    def verify_device_map(self, model: nn.Module) -> bool:
+        """Whether ``model`` (or a submodule) was dispatched across several devices with a device map."""
+        return any(len(getattr(module, "hf_device_map", None) or {}) > 1 for module in model.modules())
+
+    def deepspeed_ulysses_dl_adapter(self, dl, model):
+        """The loader for DeepSpeed Ulysses sequence parallelism; ``dl`` itself without it (sequence-parallel
+        size 1, as here)."""
+        return dl
+
     def unscale_gradients(self, optimizer=None) -> None:
         """Divide fp16-scaled gradients by the loss scale (done for you before clipping)."""
         if self.scaler is None or not self.sync_gradients:
@@ -533,6 +656,17 @@ class Accelerator:
         """
         from torch.distributed.algorithms.join import Join
 
+        joinables = list(joinables)
+        # DDP models and other torch Joinables (also behind torch.compile, which forwards their attributes)
+        usable = [joinable for joinable in joinables if callable(getattr(joinable, "join_hook", None))]
+        if not self.use_distributed or len(usable) < len(joinables):
+            warnings.warn(
+                "join_uneven_inputs has no effect " + (
+                    "with a single process." if not self.use_distributed else
+                    f"on {', '.join(type(j).__name__ for j in joinables if j not in usable)}: only "
+                    "DistributedDataParallel models (and other torch Joinables) can join uneven inputs."),
+                stacklevel=3,
+            )
         samplers = []
         if even_batches is not None:
             from .data_loader import DataLoaderDispatcher
@@ -544,8 +678,8 @@ class Accelerator:
             for sampler, _ in samplers:
                 sampler.even_batches = even_batches
         try:
-            if self.use_distributed:
-                with Join(joinables):
+            if self.use_distributed and usable:
+                with Join(usable):
                     yield
             else:
                 yield
@@ -563,8 +697,13 @@ class Accelerator:
         return unwrapped
 
     def get_state_dict(self, model, unwrap: bool = True) -> dict:
-        """The model's full state dict, as the strategy gathers it."""
-        return self.strategy.model_state_dict(model, full=True) if unwrap else model.state_dict()
+        """The model's full state dict, as the strategy gathers it (the real weights of a model dispatched with
+        CPU or disk offload). ``unwrap=False``: the wrapper's own ``state_dict()``."""
+        if not unwrap:
+            return model.state_dict()
+        from .checkpointing.save_model import full_state_dict
+
+        return full_state_dict(self.strategy, model)
 
     def free_memory(self, *objects):
         """Drop the Accelerator's references to prepared objects and free device memory; returns ``objects`` freed."""
@@ -680,14 +819,23 @@ class Accelerator:
                                                   f"trace_rank{self.process_index}.json"))
         self.wait_for_everyone()
 
-    # ------------------------------------------------------------------ trackers (no tracker support yet)
+    # ------------------------------------------------------------------ trackers (log_with is not supported yet)
+    @_main_process_only
     def init_trackers(self, project_name: str, config: Optional[dict] = None, init_kwargs: Optional[dict] = None):
-        """Start the experiment trackers given by ``log_with`` (none can be given yet: this records the config)."""
+        """Start the experiment trackers given by ``log_with`` with ``config`` as the run's hyperparameters, on
+        the main process (others return None). Arguments: ``project_name``, ``config=None``, ``init_kwargs=None``
+        (``{tracker name: {keyword: value}}``). Without trackers it only records the project and config."""
         self.tracker_project_name = project_name
         self.tracker_config = dict(config or {})
+        for tracker in self.trackers:
+            tracker.start()
+            if config is not None:
+                tracker.store_init_configuration(config)
 
+    @_main_process_only
     def log(self, values: dict, step: Optional[int] = None, log_kwargs: Optional[dict] = None) -> None:
-        """Log ``values`` to every tracker (there are none without ``log_with``)."""
+        """Log ``values`` to every tracker, on the main process (others return None). Arguments: ``values``,
+        ``step=None``, ``log_kwargs=None`` (``{tracker name: {keyword: value}}``). Without trackers: nothing."""
         for tracker in self.trackers:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
@@ -698,4 +846,14 @@ class Accelerator:
         self.wait_for_everyone()
 
     def get_tracker(self, name: str, unwrap: bool = False):
-        raise ValueError(f"No tracker named {name!r}: hasten does not support experiment trackers yet.")
+        """The tracker called ``name`` (its underlying run object with ``unwrap``); without trackers, a blank
+        tracker whose methods do nothing (as on the processes where trackers do not run)."""
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        if self.trackers:
+            raise ValueError(f"{name} is not an available tracker stored inside the `Accelerator`: the trackers are "
+                             f"{', '.join(tracker.name for tracker in self.trackers)}.")
+        from .tracking import GeneralTracker
+
+        return GeneralTracker(_blank=True)

@@ -36,29 +36,29 @@ def repeated_block_containers(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def compile_regions(model: nn.Module, **compile_kwargs) -> nn.Module:
-    """Compile ``model`` region by region (in place) and return it; the whole model if nothing repeats."""
-    containers = repeated_block_containers(model)
+def compile_regions(module: nn.Module, **compile_kwargs) -> nn.Module:
+    """Compile ``module`` region by region (in place) and return it; the whole module if nothing repeats."""
+    containers = repeated_block_containers(module)
     if not containers:
-        return compile_model(model, **compile_kwargs)
+        return compile_model(module, **compile_kwargs)
     stacks = {id(container) for container in containers}
     regions = []
 
-    def visit(module):
-        if id(module) in stacks:
-            regions.extend(module.children())  # each repeated block is a region
-        elif any(id(m) in stacks for m in module.modules()):
-            for child in module.children():
+    def visit(part):
+        if id(part) in stacks:
+            regions.extend(part.children())  # each repeated block is a region
+        elif any(id(m) in stacks for m in part.modules()):
+            for child in part.children():
                 visit(child)
         else:
-            regions.append(module)  # a part with no stack inside is one region
+            regions.append(part)  # a part with no stack inside is one region
 
-    for child in model.children():
+    for child in module.children():
         visit(child)
     for region in regions:
         region.compile(**compile_kwargs)
-    setattr(model, _REGIONS_ATTRIBUTE, regions)
-    return model
+    setattr(module, _REGIONS_ATTRIBUTE, regions)
+    return module
 
 
 def compile_model(model: nn.Module, **compile_kwargs) -> nn.Module:

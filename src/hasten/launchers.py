@@ -13,7 +13,36 @@ from .config.enums import PrecisionType
 from .utils.environment import env_name, patch_environment
 from .utils.network import find_free_port, is_port_in_use
 
-__all__ = ["notebook_launcher", "debug_launcher"]
+__all__ = ["notebook_launcher", "debug_launcher", "test_launch"]
+
+
+def test_launch():
+    """Check that a ``PartialState`` can be created (what a launched process does first)."""
+    from .state import PartialState
+
+    PartialState()
+
+
+class _NamedEntrypoint:
+    """A callable under a ``__name__`` and ``__qualname__`` (torchrun's agent logs its entrypoint's name; a
+    ``functools.partial`` or a callable object has none). Picklable when the callable is (spawn start method)."""
+
+    def __init__(self, function: Callable):
+        self.function = function
+        inner = getattr(function, "func", None)  # functools.partial
+        self.__name__ = self.__qualname__ = (
+            f"partial({getattr(inner, '__qualname__', type(inner).__name__)})" if inner is not None
+            else type(function).__qualname__)
+
+    def __call__(self, *args):
+        return self.function(*args)
+
+
+def _entrypoint(function: Callable) -> Callable:
+    if not callable(function):
+        raise TypeError(f"The launcher runs a callable (a function, functools.partial, ...); got {function!r}.")
+    named = hasattr(function, "__name__") and hasattr(function, "__qualname__")
+    return function if named else _NamedEntrypoint(function)
 
 
 def _default_start_method() -> str:
@@ -37,13 +66,15 @@ def notebook_launcher(function: Callable, args=(), num_processes=None, mixed_pre
                       log_line_prefix_template=None, start_method=None):
     """Run ``function(*args)`` on ``num_processes`` processes of this machine (default: one per GPU, else 1).
 
-    Works on CPU-only machines too (gloo). ``use_port="0"`` picks a free port; a busy port is an error.
+    ``function`` is any callable (a function, a ``functools.partial``, an object with ``__call__``). Works on
+    CPU-only machines too (gloo). ``use_port="0"`` picks a free port; a busy port is an error.
     Returns what ``function`` returned on each local process, as a dict ``{local_rank: value}``, when more
     than one process ran, else the value itself.
     """
     import torch
     import torch.distributed as dist
 
+    function = _entrypoint(function)
     precision = PrecisionType.parse(mixed_precision, "mixed_precision").value
     if num_processes is None:
         num_processes = torch.cuda.device_count() or 1
@@ -88,6 +119,7 @@ def notebook_launcher(function: Callable, args=(), num_processes=None, mixed_pre
 
 
 def debug_launcher(function: Callable, args=(), num_processes: int = 2):
-    """Run ``function(*args)`` on ``num_processes`` CPU processes of this machine, for tests and debugging."""
+    """Run ``function(*args)`` (any callable) on ``num_processes`` CPU processes of this machine, for tests and
+    debugging."""
     with patch_environment(**{env_name("use_cpu"): "true"}):
         return notebook_launcher(function, args, num_processes=num_processes, use_port="0")

@@ -6,8 +6,8 @@ log one after the other, in rank order.
 from __future__ import annotations
 
 import logging
-import os
 
+from .config.env_aliases import get_setting
 from .state import PartialState
 
 __all__ = ["get_logger", "MultiProcessAdapter"]
@@ -25,7 +25,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         main_process_only = kwargs.pop("main_process_only", True)
         in_order = kwargs.pop("in_order", False)
         kwargs.setdefault("stacklevel", 2)
-        if not self.isEnabledFor(level):
+        enabled = self.isEnabledFor(level)
+        if not enabled and not in_order:
             return
         if not PartialState._shared_state:
             raise RuntimeError(
@@ -33,9 +34,11 @@ class MultiProcessAdapter(logging.LoggerAdapter):
                 "PartialState()) before logging with it."
             )
         if in_order:
+            # The barriers are entered whatever this process's log level: levels are per process (scripts often
+            # quieten all but the main one), and a process that skipped them would leave the others waiting.
             state = PartialState()
             for index in range(state.num_processes):
-                if index == state.process_index:
+                if index == state.process_index and enabled:
                     msg_, kwargs_ = self.process(msg, kwargs)
                     self.logger.log(level, msg_, *args, **kwargs_)
                 state.wait_for_everyone()
@@ -57,9 +60,10 @@ _WARNED: set = set()
 def get_logger(name: str, log_level: str = None) -> MultiProcessAdapter:
     """A logger for ``name`` whose calls take ``main_process_only`` (default True) and ``in_order``.
 
-    ``log_level`` (or the ``HASTEN_LOG_LEVEL`` environment variable) sets the level of the underlying logger.
+    ``log_level`` (or the ``HASTEN_LOG_LEVEL`` / ``ACCELERATE_LOG_LEVEL`` environment variable) sets the level
+    of the underlying logger.
     """
-    log_level = log_level or os.environ.get("HASTEN_LOG_LEVEL")
+    log_level = log_level or get_setting("log_level")  # HASTEN_LOG_LEVEL or ACCELERATE_LOG_LEVEL
     logger = logging.getLogger(name)
     if log_level is not None:
         logger.setLevel(log_level.upper())

@@ -10,7 +10,32 @@ import torch
 
 from .state import GradientState, PartialState
 
-__all__ = ["AcceleratedOptimizer"]
+__all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]
+
+
+def move_to_device(state, device):
+    """``state`` (an optimizer state: nested dicts / lists / tuples of tensors) with every tensor moved to
+    ``device``; containers keep their type, other values are returned as they are."""
+    from .utils.operations import _rebuild_mapping, honor_type
+
+    if isinstance(state, (list, tuple)):
+        return honor_type(state, (move_to_device(item, device) for item in state))
+    if isinstance(state, dict):  # defaultdict (an optimizer's ``state``) included
+        return _rebuild_mapping(state, {key: move_to_device(value, device) for key, value in state.items()})
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    return state
+
+
+def patch_optimizer_step(accelerated_optimizer, method):
+    """``method`` (an optimizer's ``step``) wrapped to record, as ``accelerated_optimizer._accelerate_step_called
+    = True``, that it ran: a scaler that skips the step on fp16 overflow never calls it."""
+
+    def patched_step(*args, **kwargs):
+        accelerated_optimizer._accelerate_step_called = True
+        return method(*args, **kwargs)
+
+    return patched_step
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:

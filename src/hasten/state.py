@@ -13,21 +13,63 @@ import contextlib
 import datetime
 import functools
 import os
+import threading
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 from .config.enums import DistributedType, PrecisionType
+from .config.env_aliases import get_flag_setting, get_setting
 from .config.resolution import resolve
-from .utils.environment import env_name, get_int_from_env, is_debug_mode, parse_flag_from_env
+from .utils.environment import get_int_from_env, is_debug_mode, parse_flag_from_env
+from .utils.imports import is_torch_xla_available
+from .utils.planned import not_yet_supported
 
-__all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized"]
+__all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized", "SharedDict",
+           "ThreadLocalSharedDict", "do_nothing"]
 
 
 def is_initialized() -> bool:
     """Whether an ``AcceleratorState`` has been created in this process."""
     return AcceleratorState._shared_state != {}
+
+
+def do_nothing(*args, **kwargs):
+    """Take anything, do nothing, return None (a stand-in callback)."""
+    return None
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A class attribute holding one dict per thread, shared by every instance in that thread.
+
+    As a descriptor, ``State._shared_state`` and ``State()._shared_state`` both give the dict of the current
+    thread. torch_xla's multithreaded PJRT mode (TPU v2/v3) runs one process's devices in threads, each of
+    which needs its own state. Clear the dict in place; assigning to the class attribute replaces the
+    descriptor.
+    """
+
+    def __init__(self, thread_local: bool = False):
+        self._storage = {}
+
+    def __get__(self, obj, objtype=None):
+        return self._storage
+
+    def __set__(self, obj, value):
+        self._storage = value
+
+
+# One state per process, or per thread under torch_xla (see ThreadLocalSharedDict).
+SharedDict = ThreadLocalSharedDict if is_torch_xla_available() else dict
+
+
+def _reset_error(owner: str, name: str) -> AttributeError:
+    """The error for an object whose shared state was cleared by ``_reset_state()`` after it was made."""
+    return AttributeError(
+        f"`{owner}` has no attribute {name!r}: the shared state was reset (`{owner}._reset_state()`) after "
+        "this object, or the Accelerator holding it, was created. After resetting, create a new Accelerator() (or "
+        f"create `{owner}()`) and use it instead of the old one."
+    )
 
 
 def accelerator_type() -> Optional[str]:
@@ -53,6 +95,26 @@ def _destroy_process_group_at_exit() -> None:
             pass
 
 
+def _device_from_env() -> Optional[torch.device]:
+    """The device named by ``HASTEN_TORCH_DEVICE`` / ``ACCELERATE_TORCH_DEVICE`` (``"cpu"``, ``"cuda:1"``), if set."""
+    value = get_setting("torch_device")
+    if value is None:
+        return None
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(
+            f"HASTEN_TORCH_DEVICE / ACCELERATE_TORCH_DEVICE={value!r} is not a torch device ({error}). Use a name "
+            "such as 'cpu', 'cuda' or 'cuda:1', or unset the variable to let hasten choose."
+        ) from None
+    if device.type not in ("cpu", "mps") and not getattr(torch, device.type).is_available():
+        raise ValueError(
+            f"HASTEN_TORCH_DEVICE / ACCELERATE_TORCH_DEVICE={value!r} names a {device.type} device, but this machine "
+            f"has none. Unset the variable, or set it to 'cpu'."
+        )
+    return device
+
+
 class PartialState:
     """The process state without training settings: ranks, device, process group.
 
@@ -61,7 +123,7 @@ class PartialState:
         **kwargs: passed to ``torch.distributed.init_process_group`` (``backend``, ``timeout``, ``init_method``).
     """
 
-    _shared_state: dict = {}
+    _shared_state = SharedDict()
     _known_attrs = [
         "_cpu", "backend", "device", "distributed_type", "num_processes", "process_index",
         "local_process_index", "fork_launched", "debug",
@@ -77,10 +139,12 @@ class PartialState:
                     "Accelerator) with cpu=True, or launch with `hasten launch --cpu`."
                 )
             return
-        self._cpu = bool(cpu) or parse_flag_from_env(env_name("use_cpu"))
+        use_cpu = bool(cpu) or get_flag_setting("use_cpu")
+        chosen = None if use_cpu else _device_from_env()  # checked before any state is set
+        self._cpu = use_cpu
         self.debug = is_debug_mode()
         self.fork_launched = parse_flag_from_env("FORK_LAUNCHED", False)
-        device_type = "cpu" if self._cpu else (accelerator_type() or "cpu")
+        device_type = "cpu" if self._cpu else (chosen.type if chosen is not None else accelerator_type() or "cpu")
         world_size = get_int_from_env(["WORLD_SIZE"], 1)
         already = dist.is_available() and dist.is_initialized()
         if already:
@@ -99,12 +163,15 @@ class PartialState:
             self.distributed_type = _MULTI_TYPE[device_type]
         if device_type == "cpu":
             self.device = torch.device("cpu")
+        elif chosen is not None and chosen.index is not None:
+            self.device = chosen
+            getattr(torch, device_type).set_device(self.device)
         elif device_type == "mps":
             self.device = torch.device("mps")
         else:
             self.device = torch.device(device_type, self.local_process_index)
             getattr(torch, device_type).set_device(self.device)
-            if parse_flag_from_env(env_name("cpu_affinity")):  # hasten launch --enable_cpu_affinity
+            if get_flag_setting("cpu_affinity"):  # hasten launch --enable_cpu_affinity
                 from .utils.numa import set_numa_affinity
 
                 set_numa_affinity(self.local_process_index)
@@ -269,11 +336,8 @@ class PartialState:
             getattr(torch, self.device.type).set_device(self.device)
 
     def __getattr__(self, name: str):
-        if name in self._known_attrs:
-            raise AttributeError(
-                f"`PartialState` has no attribute {name!r} yet: create `PartialState()` (or the Accelerator) "
-                "before using it."
-            )
+        if not self.__dict__ and not name.startswith("__"):
+            raise _reset_error("PartialState", name)  # an instance exists, so its state was there and is gone
         raise AttributeError(f"'PartialState' object has no attribute {name!r}")
 
 
@@ -314,17 +378,17 @@ def split_for_process(inputs, num_processes: int, process_index: int, apply_padd
 class AcceleratorState:
     """``PartialState`` plus the training settings (mixed precision, plugins). One per run, shared.
 
-    The training-core issue fills in the plugins; this class already resolves ``mixed_precision`` with the
-    one precedence rule (argument > ``HASTEN_MIXED_PRECISION`` > default ``"no"``).
+    ``mixed_precision`` follows the one precedence rule (argument > ``HASTEN_MIXED_PRECISION`` > default
+    ``"no"``). Process facts (device, ranks, ``num_processes`` ...) are answered by the ``PartialState`` it holds.
     """
 
-    _shared_state: dict = {}
+    _shared_state = SharedDict()
     _known_attrs = PartialState._known_attrs + ["mixed_precision", "dynamo_plugin", "deepspeed_plugins", "fsdp_plugin",
                                                 "megatron_lm_plugin"]
 
     def __init__(self, mixed_precision: str = None, cpu: bool = False, dynamo_plugin=None, deepspeed_plugin=None,
-                 fsdp_plugin=None, torch_tp_plugin=None, megatron_lm_plugin=None, _from_accelerator: bool = False,
-                 **kwargs):
+                 fsdp_plugin=None, torch_tp_plugin=None, megatron_lm_plugin=None, parallelism_config=None,
+                 _from_accelerator: bool = False, **kwargs):
         self.__dict__ = self._shared_state
         if self.initialized:
             if mixed_precision is not None and PrecisionType.parse(mixed_precision, "mixed_precision") != self.mixed_precision:
@@ -333,17 +397,22 @@ class AcceleratorState:
                     f"changed to {mixed_precision!r}. Call AcceleratorState._reset_state() first (tests only)."
                 )
             return
+        if parallelism_config is not None:
+            raise not_yet_supported("parallelism_config (N-D parallelism: tensor, context, sharded data)",
+                                    "train with DDP (no parallelism_config)")
         self._partial = PartialState(cpu, **kwargs)
         value, _ = resolve(
             "mixed_precision", mixed_precision, argument_name="mixed_precision=",
             default=PrecisionType.NO, parse=lambda v: PrecisionType.parse(v, "mixed_precision"),
         )
-        self.mixed_precision = PrecisionType(value).value
+        self._mixed_precision = PrecisionType(value).value
         self.dynamo_plugin = dynamo_plugin
         self.deepspeed_plugins = deepspeed_plugin
         self.fsdp_plugin = fsdp_plugin
         self.torch_tp_plugin = torch_tp_plugin
         self.megatron_lm_plugin = megatron_lm_plugin
+        self.parallelism_config = parallelism_config
+        self.device_mesh = None  # the DeviceMesh of N-D parallelism (none without parallelism_config)
 
     @property
     def initialized(self) -> bool:
@@ -351,19 +420,97 @@ class AcceleratorState:
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
+        """Forget the shared state (tests). Objects created before keep pointing at it: using them raises an
+        AttributeError that says so; create a new Accelerator instead."""
         AcceleratorState._shared_state.clear()
         if reset_partial_state:
             PartialState._reset_state()
 
+    # ------------------------------------------------------------------ settings
+    @property
+    def mixed_precision(self) -> str:
+        """``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``."""
+        return self._mixed_precision
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether the model is sharded with FSDP2 (``fully_shard``)."""
+        return self.distributed_type == DistributedType.FSDP and getattr(self.fsdp_plugin, "fsdp_version", 1) == 2
+
+    @property
+    def deepspeed_plugin(self):
+        """The active ``DeepSpeedPlugin``; None when DeepSpeed is not in use."""
+        if self.distributed_type != DistributedType.DEEPSPEED:
+            return None
+        raise not_yet_supported("DeepSpeed", "train with DDP")
+
+    def get_deepspeed_plugin(self, name: str):
+        """The ``DeepSpeedPlugin`` registered under ``name`` (several plugins: ``Accelerator(deepspeed_plugins={...})``)."""
+        raise not_yet_supported("DeepSpeed (get_deepspeed_plugin)", "train with DDP")
+
+    def select_deepspeed_plugin(self, name: Optional[str] = None):
+        """Make the ``DeepSpeedPlugin`` registered under ``name`` the active one."""
+        raise not_yet_supported("DeepSpeed (select_deepspeed_plugin)", "train with DDP")
+
+    # ------------------------------------------------------------------ the process (PartialState's answers)
+    @property
+    def fork_launched(self) -> bool:
+        return self._partial.fork_launched
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process takes part."""
+        return self._partial.use_distributed
+
+    @property
+    def is_main_process(self) -> bool:
+        return self._partial.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self._partial.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self._partial.is_last_process
+
+    def wait_for_everyone(self) -> None:
+        """Barrier: every process waits here until all have arrived."""
+        self._partial.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs, apply_padding: bool = False):
+        """Yield this process's share of ``inputs`` (see ``PartialState.split_between_processes``)."""
+        with self._partial.split_between_processes(inputs, apply_padding=apply_padding) as share:
+            yield share
+
+    @contextlib.contextmanager
+    def main_process_first(self):
+        """The main process runs the block first; the others then follow."""
+        with self._partial.main_process_first():
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self):
+        """Like ``main_process_first``, once per machine."""
+        with self._partial.local_main_process_first():
+            yield
+
+    def print(self, *args, **kwargs) -> None:
+        """``print`` once per machine (on the local main process)."""
+        self._partial.print(*args, **kwargs)
+
+    def destroy_process_group(self, group=None) -> None:
+        """Tear down the process group (at the end of a run); safe to call when none exists."""
+        self._partial.destroy_process_group(group)
+
     def __getattr__(self, name: str):
         # Process facts (device, ranks, collectives) live in PartialState; answer them from there.
-        if name.startswith("__") or name in ("_partial", "_shared_state"):
+        if name.startswith("__"):
             raise AttributeError(name)
         partial = self.__dict__.get("_partial")
-        if partial is None:
-            raise AttributeError(
-                f"`AcceleratorState` has no attribute {name!r} yet: create the Accelerator (or AcceleratorState()) first."
-            )
+        if partial is None:  # an instance exists, so the state was there: it was reset
+            raise _reset_error("AcceleratorState", name)
         return getattr(partial, name)
 
     def __repr__(self) -> str:
@@ -373,15 +520,15 @@ class AcceleratorState:
 class GradientState:
     """Gradient-accumulation and data-loader progress, shared by the Accelerator, loaders and scheduler."""
 
-    _shared_state: dict = {}
+    _shared_state = SharedDict()
 
     def __init__(self, gradient_accumulation_plugin=None):
         self.__dict__ = self._shared_state
         if not self.initialized:
             self.sync_gradients = True
-            self.active_dataloader = None
-            self.dataloader_references = [None]
+            self._dataloader_references = [None]
             self.plugin_kwargs = {}
+            self._is_xla_gradients_synced = False
         if gradient_accumulation_plugin is not None:
             self.plugin_kwargs = gradient_accumulation_plugin.to_kwargs()
         self._initialized = True
@@ -420,20 +567,46 @@ class GradientState:
     def in_dataloader(self) -> bool:
         return self.active_dataloader is not None
 
+    @property
+    def active_dataloader(self):
+        """The prepared loader being iterated (the innermost one when loops are nested), or None."""
+        return self.dataloader_references[-1]
+
+    @property
+    def dataloader_references(self) -> list:
+        """The loaders being iterated, outermost first, after a leading None."""
+        return self._dataloader_references
+
+    @dataloader_references.setter
+    def dataloader_references(self, references: list) -> None:
+        self._dataloader_references = list(references)
+
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        """Whether gradients were reduced before the optimizer step (torch_xla only; False elsewhere)."""
+        return self._is_xla_gradients_synced
+
+    @is_xla_gradients_synced.setter
+    def is_xla_gradients_synced(self, is_synced: bool) -> None:
+        self._is_xla_gradients_synced = is_synced
+
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 
     def _add_dataloader(self, dataloader) -> None:
-        self.active_dataloader = dataloader
         self.dataloader_references.append(dataloader)
 
     def _remove_dataloader(self, dataloader) -> None:
         self.dataloader_references.remove(dataloader)
-        self.active_dataloader = self.dataloader_references[-1]
 
     @staticmethod
     def _reset_state() -> None:
         GradientState._shared_state.clear()
+
+    def __getattr__(self, name: str):
+        if not self.__dict__ and not name.startswith("__"):  # an instance exists, so the state was there: reset
+            raise _reset_error("GradientState", name)
+        raise AttributeError(f"'GradientState' object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         return (

@@ -14,6 +14,8 @@ _EXPORTS = build_table({
     "hasten.big_modeling.offload": ["offload_state_dict", "load_offloaded_weights", "OffloadedWeightsLoader",
                                     "offload_weight", "load_offloaded_weight", "save_offload_index",
                                     "PrefixedDataset", "extract_submodules_state_dict"],
+    "hasten.big_modeling.offloaded_state": ["has_offloaded_params", "align_module_device",
+                                            "get_state_dict_offloaded_model", "get_state_dict_from_offload"],
     "hasten.big_modeling.tied": ["find_tied_parameters", "retie_parameters"],
     "hasten.big_modeling.hooks": ["ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module",
                                   "remove_hook_from_submodules", "AlignDevicesHook", "attach_align_device_hook",
@@ -22,6 +24,7 @@ _EXPORTS = build_table({
     "hasten.big_modeling.dispatch": ["dispatch_model", "cpu_offload", "cpu_offload_with_hook", "disk_offload",
                                      "load_checkpoint_and_dispatch"],
     "hasten.big_modeling._tensors": ["named_module_tensors", "get_non_persistent_buffers"],
+    "hasten.big_modeling.layerwise_casting": ["attach_layerwise_casting_hooks", "LayerwiseCastingHook"],
 })
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -3,24 +3,20 @@ of your choice (``meta`` for ``init_empty_weights``), so a 100-billion-parameter
 from __future__ import annotations
 
 import contextlib
-import os
 import weakref
 from typing import Optional, Union
 
 import torch
 import torch.nn as nn
 
-from ..utils.environment import env_name, parse_flag_from_env
+from ..config.env_aliases import get_flag_setting
 
 __all__ = ["init_empty_weights", "init_on_device"]
 
 
 def _include_buffers_default() -> bool:
     """``HASTEN_INIT_INCLUDE_BUFFERS`` (or Accelerate's ``ACCELERATE_INIT_INCLUDE_BUFFERS``); off when unset."""
-    for key in (env_name("init_include_buffers"), "ACCELERATE_INIT_INCLUDE_BUFFERS"):
-        if key in os.environ:
-            return parse_flag_from_env(key)
-    return False
+    return get_flag_setting("init_include_buffers")
 
 
 @contextlib.contextmanager

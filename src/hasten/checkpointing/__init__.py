@@ -12,7 +12,9 @@ One file per job:
 - ``rng``: every process's random generators; ``safe_load``: ``weights_only`` loading with an allow-list;
 - ``model_files`` / ``safetensors_io`` / ``save_model``: weights in and out (wrapper prefixes, tied weights,
   sharded safetensors with an index);
-- ``auto_resume``: the one-liner that continues a restarted job.
+- ``auto_resume``: the one-liner that continues a restarted job;
+- ``state_files``: Accelerate's low-level ``save_accelerator_state`` / ``load_accelerator_state`` /
+  ``save_custom_state`` / ``load_custom_state``, over the same files.
 """
 from .auto_resume import auto_resume, latest_checkpoint
 from .errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError,
@@ -21,9 +23,11 @@ from .loading import load_state
 from .safe_load import SAFE_TYPES
 from .save_model import save_model
 from .saving import save_state
+from .state_files import load_accelerator_state, load_custom_state, save_accelerator_state, save_custom_state
 
 __all__ = [
     "auto_resume", "latest_checkpoint", "save_state", "load_state", "save_model",
     "CheckpointError", "CheckpointNotFoundError", "IncompleteCheckpointError", "CorruptCheckpointError",
-    "UnsafeCheckpointError", "SAFE_TYPES",
+    "UnsafeCheckpointError", "SAFE_TYPES", "save_accelerator_state", "load_accelerator_state", "save_custom_state",
+    "load_custom_state",
 ]

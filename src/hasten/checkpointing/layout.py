@@ -23,6 +23,10 @@ import os
 import re
 from typing import Optional
 
+# model.safetensors / pytorch_model.bin, optimizer.bin ...: Accelerate's names, defined in hasten.utils.constants
+from ..utils.constants import (MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SCALER_NAME,
+                               SCHEDULER_NAME)
+
 __all__ = [
     "SAFE_MODEL_NAME", "MODEL_NAME", "OPTIMIZER_NAME", "SCHEDULER_NAME", "SCALER_NAME", "RNG_STATE_NAME",
     "CUSTOM_NAME", "LOADER_STATES_NAME", "REFERENCE_LOADER_NAMES", "MARKER_NAME", "CHECKPOINTS_FOLDER",
@@ -30,12 +34,6 @@ __all__ = [
     "automatic_folder", "automatic_iteration", "is_custom_object_file", "is_checkpoint_file",
 ]
 
-SAFE_MODEL_NAME = "model"  # model.safetensors
-MODEL_NAME = "pytorch_model"  # pytorch_model.bin
-OPTIMIZER_NAME = "optimizer"
-SCHEDULER_NAME = "scheduler"
-SCALER_NAME = "scaler.pt"
-RNG_STATE_NAME = "random_states"
 CUSTOM_NAME = "custom_checkpoint"
 LOADER_STATES_NAME = "loader_states"
 # What the reference writes for data loaders (a pickled sampler, a stateful loader's shared state).

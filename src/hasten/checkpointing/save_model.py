@@ -28,7 +28,7 @@ from .layout import MODEL_NAME, SAFE_MODEL_NAME
 from .model_files import drop_aliases
 from .writers import atomic_file, write_pickle, write_tensors
 
-__all__ = ["save_model", "split_into_shards", "shard_names"]
+__all__ = ["save_model", "full_state_dict", "split_into_shards", "shard_names"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,17 @@ def _owned_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone(memory_format=torch.contiguous_format)
 
 
+def full_state_dict(strategy, model: nn.Module) -> dict:
+    """The model's whole state dict, as the strategy gathers it; for a model dispatched with CPU or disk
+    offload (weights on meta, hooks holding the real ones), the real weights, brought in module by module."""
+    from ..big_modeling.offloaded_state import get_state_dict_offloaded_model, has_offloaded_params
+
+    unwrapped = strategy.unwrap(model)
+    if any(has_offloaded_params(module) for module in unwrapped.modules()):
+        return get_state_dict_offloaded_model(unwrapped)
+    return strategy.model_state_dict(model, full=True)
+
+
 def _check_state(state: dict) -> None:
     on_meta = [name for name, value in state.items() if isinstance(value, torch.Tensor) and value.device.type == "meta"]
     if on_meta:
@@ -152,7 +163,7 @@ def save_model(strategy, model: nn.Module, save_directory, max_shard_size: Union
     if folder.is_file():
         raise ValueError(f"save_directory {folder} is a file; save_model writes a folder. Choose a folder path.")
     limit = _size_in_bytes(max_shard_size)
-    state = strategy.model_state_dict(model, full=True)
+    state = full_state_dict(strategy, model)
     _check_state(state)
     partial = PartialState()
     writer = partial.is_local_main_process if save_on_each_node else partial.is_main_process

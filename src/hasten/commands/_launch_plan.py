@@ -4,7 +4,8 @@ Nothing is started here: every rule (flag > config file > default, validation, p
 a pure function of the parsed flags, the config dict and a few machine facts, so each can be unit-tested.
 
 ``--num_processes`` is the TOTAL number of processes over all machines, as in Accelerate: each machine
-starts ``num_processes // num_machines`` of them.
+starts ``num_processes // num_machines`` of them. ``--num_machines MIN:MAX`` (torchrun's elastic form) counts
+the total at MAX machines. Inside a SLURM allocation the machine layout comes from SLURM (``_slurm``).
 """
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from ..config.enums import DistributedType, DynamoBackend, PrecisionType
 from ..utils.environment import env_name, str_to_bool
 from ._errors import CommandError
+from ._launch_options import backend_env, backend_not_yet_supported, given_backend_options
+from ._slurm import SlurmLayout, first_host, slurm_layout
 
 RUNNER_MODULE = "hasten.commands._run_script"
 DEFAULT_MULTI_MACHINE_PORT = 29500
@@ -37,7 +40,7 @@ class LaunchPlan:
     settings: dict  # the resolved values, by flag name
     config_path: Optional[str] = None
     program: str = ""  # the script, module or executable, as the user wrote it
-    sources: dict = field(default_factory=dict)  # flag name -> "flag" | "config file" | "default"
+    sources: dict = field(default_factory=dict)  # flag name -> "flag" | "SLURM" | "config file" | "default"
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -91,6 +94,33 @@ def _text(value) -> str:
     return str(value)
 
 
+class MachineCount(NamedTuple):
+    """``--num_machines``: a number, or torchrun's elastic ``MIN:MAX``."""
+
+    minimum: int
+    maximum: int
+
+    def __str__(self) -> str:
+        return str(self.maximum) if self.minimum == self.maximum else f"{self.minimum}:{self.maximum}"
+
+
+def _machines(value) -> MachineCount:
+    if isinstance(value, MachineCount):
+        return value
+    low, sep, high = str(value).partition(":")
+    if not sep:
+        count = _positive(value)
+        return MachineCount(count, count)
+    try:
+        minimum, maximum = _positive(low.strip()), _positive(high.strip())
+    except ValueError:
+        raise ValueError(f"write a number of machines, or MIN:MAX for an elastic job (e.g. 1:4); "
+                         f"got {value!r}") from None
+    if minimum > maximum:
+        raise ValueError(f"MIN:MAX needs MIN <= MAX, got {value!r}")
+    return MachineCount(minimum, maximum)
+
+
 @dataclass(frozen=True)
 class _Setting:
     """One launcher setting: its flag (the argparse dest), where it sits in the config dict, how to parse it."""
@@ -107,7 +137,7 @@ def _key(*path: str) -> tuple:
 
 SETTINGS = (
     _Setting("num_processes", _positive, _key("num_processes")),
-    _Setting("num_machines", _positive, _key("num_machines")),
+    _Setting("num_machines", _machines, _key("num_machines")),
     _Setting("machine_rank", _non_negative, _key("machine_rank")),
     _Setting("main_process_ip", _text, _key("main_process_ip")),
     _Setting("main_process_port", _port, _key("main_process_port")),
@@ -128,10 +158,11 @@ SETTINGS = (
     _Setting("enable_cpu_affinity", _boolean, _key("enable_cpu_affinity"), is_switch=True),
     _Setting("num_cpu_threads_per_process", _positive, None),
     _Setting("tee", _text, None),
+    _Setting("role", _text, None),
     _Setting("log_dir", _text, None),
 )
 
-DEFAULTS = {"num_machines": 1, "machine_rank": 0, "rdzv_backend": "static", "max_restarts": 0,
+DEFAULTS = {"num_machines": MachineCount(1, 1), "machine_rank": 0, "rdzv_backend": "static", "max_restarts": 0,
             "monitor_interval": 0.1, "cpu": False, "debug": False, "enable_cpu_affinity": False}
 
 # resolved setting -> the HASTEN_* variable that carries it to the script (set only when given explicitly)
@@ -220,6 +251,14 @@ def resolve_settings(args, config: Optional[Mapping], config_path: Optional[str]
 
 
 # ---------------------------------------------------------------------------------------------- checks
+def check_backend_flags(args) -> None:
+    """A flag of a backend hasten does not have yet ends the launch here, before anything starts."""
+    given = given_backend_options(args)
+    if given:
+        group, flags = given[0]
+        raise backend_not_yet_supported(group.title, flags)
+
+
 def _check_target(args) -> None:
     script = args.training_script
     if args.module and args.no_python:
@@ -273,6 +312,55 @@ def _check_values(values: dict) -> None:
     if tee and not _TEE.match(tee):
         raise CommandError(f"--tee {tee!r}: use 0 (none), 1 (stdout), 2 (stderr) or 3 (both), for all local "
                            "ranks, or per rank as 'RANK:N,RANK:N' (e.g. '0:3,1:2').")
+
+
+# ---------------------------------------------------------------------------------------------- machines
+def apply_slurm(values: dict, sources: dict, notes: list, layout: SlurmLayout, config_path: Optional[str],
+                hostnames: Optional[Callable] = None) -> None:
+    """Take the machine layout from the SLURM allocation (flag > SLURM > config file > default).
+
+    A flag that contradicts the allocation is an error naming both; a config file value is overridden with a
+    note. An elastic ``--num_machines MIN:MAX`` that admits the allocation's node count is kept.
+    """
+    job = f"SLURM job {layout.job_id}" if layout.job_id else "the SLURM allocation"
+    facts = (("num_machines", MachineCount(layout.num_machines, layout.num_machines), layout.num_machines_from),
+             ("machine_rank", layout.machine_rank, layout.machine_rank_from))
+    for name, value, variable in facts:
+        current = values[name]
+        if sources[name] == "flag":
+            fits = (current.minimum <= layout.num_machines <= current.maximum if name == "num_machines"
+                    else current == value)
+            if not fits:
+                raise CommandError(f"--{name} {current} contradicts {variable}={value} of {job}. Drop --{name}: "
+                                   "inside SLURM hasten launch reads the machine layout from the allocation.")
+            continue
+        if sources[name] == "config file" and current != value:
+            notes.append(f"hasten launch: {variable}={value} ({job}) overrides {name}: {current} from {config_path}")
+        values[name], sources[name] = value, "SLURM"
+    if layout.num_machines > 1 and sources["main_process_ip"] != "flag":
+        try:
+            host = first_host(layout.nodelist, hostnames)
+        except ValueError as error:
+            raise CommandError(f"{layout.nodelist_from}: {_sentence(error)} Pass --main_process_ip.") from None
+        if sources["main_process_ip"] == "config file" and values["main_process_ip"] != host:
+            notes.append(f"hasten launch: {layout.nodelist_from} (first host {host}) overrides main_process_ip: "
+                         f"{values['main_process_ip']} from {config_path}")
+        values["main_process_ip"], sources["main_process_ip"] = host, "SLURM"
+    if layout.num_machines > 1:
+        notes.append(f"hasten launch: {job}: this is machine {values['machine_rank']} of {values['num_machines']}; "
+                     f"machine 0 is {values['main_process_ip']}.")
+
+
+def _elastic_rendezvous(values: dict, sources: dict, notes: list) -> None:
+    """A range of machines needs a rendezvous that admits machines as they come: c10d unless one was chosen."""
+    if values["min_machines"] == values["num_machines"]:
+        return
+    if values["rdzv_backend"] == "static":
+        if sources["rdzv_backend"] != "default":
+            raise CommandError(f"--num_machines {values['min_machines']}:{values['num_machines']} is an elastic job, "
+                               "which the static rendezvous cannot form: use --rdzv_backend c10d.")
+        values["rdzv_backend"] = "c10d"
+        notes.append("hasten launch: an elastic --num_machines MIN:MAX uses the c10d rendezvous.")
 
 
 # ---------------------------------------------------------------------------------------------- machine facts
@@ -363,11 +451,13 @@ def worker_env(values: dict, sources: dict, config: Optional[Mapping], config_pa
     return env
 
 
-def torchrun_arguments(args, values: dict, per_machine: int, port: Optional[int], restartable: Optional[str]) -> list:
+def torchrun_arguments(args, values: dict, per_machine: int, port: Optional[int], restartable: Optional[str],
+                       rdzv_id: Optional[str] = None) -> list:
     """torchrun's command line: the layout, the rendezvous, then the runner (or executable) and its arguments."""
     address = values["main_process_ip"] or "127.0.0.1"
     backend = "c10d" if restartable else values["rdzv_backend"]
-    torchrun = ["--nnodes", str(values["num_machines"]), "--nproc_per_node", str(per_machine),
+    machines = str(MachineCount(values["min_machines"], values["num_machines"]))
+    torchrun = ["--nnodes", machines, "--nproc_per_node", str(per_machine),
                 "--rdzv_backend", backend, "--max_restarts", str(values["max_restarts"]),
                 "--monitor_interval", str(values["monitor_interval"])]
     if backend == "static":
@@ -375,8 +465,8 @@ def torchrun_arguments(args, values: dict, per_machine: int, port: Optional[int]
     elif restartable == "localhost:0":
         torchrun += ["--rdzv_endpoint", restartable, "--rdzv_id", f"hasten-{uuid.uuid4().hex[:12]}"]
     else:
-        torchrun += ["--rdzv_endpoint", f"{address}:{port}"]
-    for name in ("rdzv_conf", "tee", "log_dir"):
+        torchrun += ["--rdzv_endpoint", f"{address}:{port}"] + (["--rdzv_id", rdzv_id] if rdzv_id else [])
+    for name in ("rdzv_conf", "tee", "log_dir", "role"):
         if values.get(name):
             torchrun += ["--" + name, str(values[name])]
     script_args = list(args.training_script_args or [])
@@ -391,20 +481,35 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
                environ: Optional[Mapping] = None, cpu_count: Optional[int] = None,
                count_accelerators: Callable[[], int] = accelerator_count,
                find_free_port: Optional[Callable[[], int]] = None,
-               is_port_in_use: Optional[Callable[[int, str], bool]] = None) -> LaunchPlan:
-    """Validate everything and return the plan; raises ``CommandError`` (nothing started) on bad input."""
+               is_port_in_use: Optional[Callable[[int, str], bool]] = None,
+               slurm_hostnames: Optional[Callable[[str], Optional[list]]] = None) -> LaunchPlan:
+    """Validate everything and return the plan; raises ``CommandError`` (nothing started) on bad input.
+
+    A flag of a backend hasten does not have yet raises ``NotYetSupportedError``. ``environ`` is where SLURM's
+    variables are read; ``slurm_hostnames`` expands a node list (default: ``scontrol``, else parsed here).
+    """
     environ = os.environ if environ is None else environ
     if find_free_port is None or is_port_in_use is None:
         from ..utils import network
 
         find_free_port = find_free_port or network.find_free_port
         is_port_in_use = is_port_in_use or network.is_port_in_use
+    check_backend_flags(args)
     values, sources, notes = resolve_settings(args, config, config_path)
+    try:
+        layout = slurm_layout(environ)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    if layout is not None:
+        apply_slurm(values, sources, notes, layout, config_path, slurm_hostnames)
+    machines = values["num_machines"]
+    values["min_machines"], values["num_machines"] = machines.minimum, machines.maximum
+    _elastic_rendezvous(values, sources, notes)
     if values["num_processes"] is None:
         found = 0 if values["cpu"] else count_accelerators()
-        values["num_processes"] = max(1, found)
+        values["num_processes"] = max(1, found) * values["num_machines"]
         if found > 1:
-            notes.append(f"hasten launch: --num_processes not given; starting {found} processes, one per "
+            notes.append(f"hasten launch: --num_processes not given; starting {found} processes per machine, one per "
                          "accelerator (pass -n to choose).")
     _check_values(values)
     _check_target(args)
@@ -418,7 +523,9 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
 
     env = worker_env(values, sources, config, config_path, environ,
                      usable_cpu_count() if cpu_count is None else cpu_count, per_machine)
-    torchrun = torchrun_arguments(args, values, per_machine, port, restartable)
+    env.update(backend_env(args))
+    rdzv_id = f"slurm-{layout.job_id}" if layout is not None and layout.job_id else None
+    torchrun = torchrun_arguments(args, values, per_machine, port, restartable, rdzv_id)
     return LaunchPlan(torchrun_args=torchrun, env=env, notes=notes, settings=values,
                       config_path=str(config_path) if config_path else None, program=args.training_script,
                       sources=sources)

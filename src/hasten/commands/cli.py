@@ -10,7 +10,9 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
+from ..utils.planned import NotYetSupportedError
 from ._errors import CommandError
+from .utils import CustomArgumentParser
 
 # subcommand -> module defining add_parser(subparsers) and run(args) -> int
 COMMANDS = {
@@ -19,15 +21,21 @@ COMMANDS = {
     "config": "hasten.commands.config",
     "test": "hasten.commands.test",
     "estimate-memory": "hasten.commands.estimate",
+    "merge-weights": "hasten.commands.merge",
+    "to-fsdp2": "hasten.commands.to_fsdp2",
+    "tpu-config": "hasten.commands.tpu",
 }
 
 # one line per subcommand for `hasten --help`, shown without importing the modules
 SUMMARIES = {
     "launch": "run a script on N processes and/or machines (torchrun's elastic agent underneath)",
     "env": "print versions, hardware and the active config file, ready to paste into a bug report",
-    "config": "write a default config file (`hasten config default`)",
+    "config": "write a config file: `hasten config` asks questions, `hasten config default` writes one at once",
     "test": "check that this machine can run a multi-process job (a bundled sanity script)",
     "estimate-memory": "estimate the memory a model needs to load and train",
+    "merge-weights": "merge a sharded FSDP checkpoint into one file (not yet supported)",
+    "to-fsdp2": "convert a config file's FSDP1 settings to FSDP2",
+    "tpu-config": "run setup commands on a TPU pod (not yet supported)",
 }
 
 
@@ -47,7 +55,8 @@ def build_parser(chosen: Optional[str] = None):
         prog="hasten", description="Run one PyTorch script on one CPU, one GPU, many processes or many machines.",
     )
     parser.add_argument("--version", action="version", version=f"hasten {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands",
+                                       parser_class=CustomArgumentParser)
     module = None
     for name, module_name in COMMANDS.items():
         if name == chosen:
@@ -82,7 +91,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return code or 0
         print(code, file=sys.stderr)
         return 1
-    except CommandError as error:
+    except (CommandError, NotYetSupportedError) as error:
         print(f"hasten {chosen}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -8,8 +8,9 @@ import platform
 import sys
 
 from ._flags import add_flag
+from .utils import command_parser
 
-__all__ = ["add_parser", "run", "environment_report"]
+__all__ = ["add_parser", "run", "environment_report", "env_command_parser", "env_command", "main"]
 
 # distribution name -> how it appears in the report (the optional extras and the reference library)
 EXTRAS = {
@@ -134,3 +135,17 @@ def run(args) -> int:
     print("Copy and paste the text below into your bug report.\n")
     print(environment_report(args.config_file))
     return 0
+
+
+env_command = run
+
+
+def env_command_parser(subparsers=None) -> argparse.ArgumentParser:
+    """``hasten env``'s parser: registered on ``subparsers`` when given, else stand-alone."""
+    return command_parser(add_parser, subparsers, env_command)
+
+
+def main() -> int:
+    from .cli import main as cli_main
+
+    return cli_main(["env", *sys.argv[1:]])

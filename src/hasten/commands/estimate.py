@@ -3,6 +3,10 @@
 The model is built on the meta device from a class (``package.module:Class`` or ``path/to/file.py:Class``,
 with constructor arguments) or from a local config (a hasten model config naming such a class, or a
 Transformers ``config.json`` / folder, which needs ``transformers``). Nothing is fetched from the network.
+
+Code a model *folder* names (a hasten config in it naming a class, Transformers ``auto_map`` modeling files)
+is never imported unless ``--trust_remote_code`` is given: a downloaded folder is not trusted by default.
+Accelerate's helper names (``create_empty_model``, ``gather_data``, ``create_ascii_table`` ...) are here too.
 """
 from __future__ import annotations
 
@@ -15,13 +19,14 @@ import sys
 from typing import Any
 
 from ._errors import CommandError
+from .utils import command_parser
+
+__all__ = ["add_parser", "run", "estimate", "build_empty_model", "format_table", "human_bytes",
+           "estimate_command_parser", "estimate_command", "main", "create_empty_model", "gather_data",
+           "estimate_training_usage", "create_ascii_table", "check_has_model", "verify_on_hub", "add_timm_hub_prefix"]
 
 DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
 DEFAULT_DTYPES = ("float32", "float16", "int8", "int4")
-_BYTES_PER_WEIGHT = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int4": 0.5}
-# Adam training holds fp32 weights, fp32 gradients and two fp32 moments, whatever the compute dtype
-# (mixed precision autocasts activations; the stored state stays fp32): 16 bytes per parameter.
-_ADAM_BYTES_PER_PARAMETER = 16
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -31,10 +36,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Build a model on the meta device (no weights allocated, nothing downloaded) and print, per "
                     "dtype, the size of its largest layer, its total size and what training it with Adam needs.",
     )
-    parser.add_argument("model", help="`package.module:Class`, `path/to/file.py:Class` (a class or a function "
-                                      "returning an nn.Module), or a local config: a JSON file "
-                                      '{"model": "module:Class", "kwargs": {...}}, or a Transformers config.json '
-                                      "or model folder (needs `transformers`).")
+    parser.add_argument("model_name", metavar="model",
+                        help="`package.module:Class`, `path/to/file.py:Class` (a class or a function "
+                             "returning an nn.Module), or a local config: a JSON file "
+                             '{"model": "module:Class", "kwargs": {...}}, or a Transformers config.json '
+                             "or model folder (needs `transformers`).")
     parser.add_argument("--kwargs", default=None, metavar="JSON",
                         help='constructor keyword arguments as a JSON object, e.g. \'{"n_layers": 48}\'')
     parser.add_argument("--arg", "-a", action="append", default=[], metavar="NAME=VALUE",
@@ -45,17 +51,38 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="class names never split across devices (the largest layer counts them whole); "
                              "default: the model's `_no_split_modules`")
     parser.add_argument("--json", action="store_true", help="print the figures (bytes) as JSON instead of a table")
+    parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true", default=False,
+                        help="allow the code a model folder names to run (its hasten config's class, Transformers "
+                             "auto_map files); only for folders whose code you have read")
+    parser.add_argument("--library_name", "--library-name", default=None, choices=("transformers", "timm"),
+                        help="build MODEL with this library (timm: an architecture name such as resnet50)")
     return parser
 
 
 def run(args) -> int:
-    model = build_empty_model(args.model, _constructor_kwargs(args.kwargs, args.arg))
+    model = create_empty_model(args.model_name, getattr(args, "library_name", None),
+                               getattr(args, "trust_remote_code", False),
+                               kwargs=_constructor_kwargs(args.kwargs, args.arg))
     rows = estimate(model, args.dtypes, args.no_split)
     if args.json:
-        print(json.dumps({"model": args.model, "parameters": _count(model), "rows": rows}, indent=2))
+        print(json.dumps({"model": args.model_name, "parameters": _count(model), "rows": rows}, indent=2))
     else:
-        print(format_table(args.model, _count(model), rows))
+        print(format_table(args.model_name, _count(model), rows))
     return 0
+
+
+estimate_command = run
+
+
+def estimate_command_parser(subparsers=None) -> argparse.ArgumentParser:
+    """``hasten estimate-memory``'s parser: registered on ``subparsers`` when given, else stand-alone."""
+    return command_parser(add_parser, subparsers, estimate_command)
+
+
+def main() -> int:
+    from .cli import main as cli_main
+
+    return cli_main(["estimate-memory", *sys.argv[1:]])
 
 
 # ------------------------------------------------------------------ building the model
@@ -79,12 +106,37 @@ def _constructor_kwargs(kwargs_json, pairs) -> dict:
     return kwargs
 
 
-def build_empty_model(spec: str, kwargs: dict):
+def create_empty_model(model_name: str, library_name=None, trust_remote_code: bool = False, access_token=None, *,
+                       kwargs=None):
+    """``model_name`` built on the meta device: a hasten spec (``module:Class``, a file, a local config or folder),
+    or with ``library_name="timm"`` a timm architecture. Nothing is downloaded; ``access_token`` is not used.
+    """
+    kwargs = dict(kwargs or {})
+    if library_name == "timm":
+        return _from_timm(model_name, kwargs)
+    if library_name not in (None, "transformers"):
+        raise CommandError(f"--library_name {library_name!r}: choose transformers or timm, or leave it out.")
+    return build_empty_model(model_name, kwargs, trust_remote_code=trust_remote_code)
+
+
+def _from_timm(name: str, kwargs: dict):
+    from hasten.big_modeling import init_empty_weights
+    from hasten.utils.imports import require_extra
+
+    try:
+        timm = require_extra("timm", "Building a timm model")
+    except ImportError as error:
+        raise CommandError(str(error)) from None
+    with init_empty_weights():
+        return _checked_module(timm.create_model(add_timm_hub_prefix(name), pretrained=False, **kwargs), name)
+
+
+def build_empty_model(spec: str, kwargs: dict, trust_remote_code: bool = False):
     """The model named by ``spec`` (see the module docstring), built on the meta device."""
     from hasten.big_modeling import init_empty_weights
 
     if os.path.exists(spec):
-        return _from_local_config(spec, kwargs)
+        return _from_local_config(spec, kwargs, trust_remote_code)
     factory = _resolve_factory(spec)
     with init_empty_weights():
         try:
@@ -130,8 +182,9 @@ def _resolve_factory(spec: str):
     return factory
 
 
-def _from_local_config(path: str, kwargs: dict):
-    config_file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+def _from_local_config(path: str, kwargs: dict, trust_remote_code: bool):
+    folder = os.path.isdir(path)
+    config_file = os.path.join(path, "config.json") if folder else path
     if not os.path.isfile(config_file):
         raise CommandError(f"{path} holds no config.json: pass a config file or a `module:Class`.")
     try:
@@ -140,12 +193,17 @@ def _from_local_config(path: str, kwargs: dict):
     except json.JSONDecodeError as error:
         raise CommandError(f"{config_file} is not valid JSON: {error}") from None
     if isinstance(config, dict) and "model" in config:  # hasten's own: {"model": "module:Class", "kwargs": {...}}
+        if folder and not trust_remote_code:
+            raise CommandError(
+                f"{config_file} names code to run ({config['model']!r}); hasten does not import code a model folder "
+                "names unless you pass --trust_remote_code (only for folders whose code you have read)."
+            )
         merged = {**config.get("kwargs", {}), **kwargs}
         return build_empty_model(config["model"], merged)
-    return _from_transformers_config(path, config, kwargs)
+    return _from_transformers_config(path, config, kwargs, trust_remote_code)
 
 
-def _from_transformers_config(path: str, config: dict, kwargs: dict):
+def _from_transformers_config(path: str, config: dict, kwargs: dict, trust_remote_code: bool = False):
     from hasten.big_modeling import init_empty_weights
     from hasten.utils.imports import require_extra
 
@@ -154,14 +212,16 @@ def _from_transformers_config(path: str, config: dict, kwargs: dict):
     except ImportError as error:
         raise CommandError(str(error)) from None
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    auto_config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, **kwargs)
+    # trust_remote_code is always passed: False keeps the folder's own modeling files (auto_map) from running
+    auto_config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True,
+                                                          **{**kwargs, "trust_remote_code": trust_remote_code})
     architectures = config.get("architectures") or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     with init_empty_weights():
         if model_class is not None:
             model = model_class._from_config(auto_config) if hasattr(model_class, "_from_config") else model_class(auto_config)
         else:
-            model = transformers.AutoModel.from_config(auto_config)
+            model = transformers.AutoModel.from_config(auto_config, trust_remote_code=trust_remote_code)
     return _checked_module(model, path)
 
 
@@ -197,7 +257,7 @@ def estimate(model, dtypes, no_split=None) -> list[dict]:
         largest, _ = get_max_layer_size(top, sizes, no_split)
         training = None
         if name in ("float32", "float16", "bfloat16"):
-            training = fp32_params * _ADAM_BYTES_PER_PARAMETER + int_bytes
+            training = estimate_training_usage(fp32_params * 4, name)["step"] + int_bytes
         rows.append({"dtype": name, "largest_layer": largest, "total_size": sizes[""], "training_adam": training})
     return rows
 
@@ -214,18 +274,80 @@ def human_bytes(size) -> str:
     return f"{value:.2f} PiB"
 
 
+def estimate_training_usage(bytes: int, mixed_precision: str, msamp_config=None) -> dict:  # noqa: A002
+    """Training with Adam, by part, for a model of ``bytes`` in float32: ``{"model", "gradients", "optimizer",
+    "step"}``, "step" being everything held at the optimizer step (16 bytes per parameter).
+
+    Mixed precision (float16, bfloat16, fp8) autocasts the computation but keeps these float32 copies, so the
+    figures are the same; -1 for dtypes that are not trained (int8, int4). ``msamp_config`` is not used.
+    """
+    if mixed_precision not in ("float32", "float16", "bfloat16", "fp8"):
+        return {"model": -1, "optimizer": -1, "gradients": -1, "step": -1}
+    parts = {"model": bytes, "optimizer": 2 * bytes, "gradients": bytes}  # weights, two Adam moments, gradients
+    return {**parts, "step": sum(parts.values())}
+
+
+def create_ascii_table(headers: list, rows: list, title: str) -> str:
+    """``title`` over a table of ``rows`` (strings; the first column left-aligned, the others right-aligned)."""
+    widths = [max(len(str(line[i])) for line in [headers, *rows]) for i in range(len(headers))]
+    rule = "+" + "+".join("-" * (width + 2) for width in widths) + "+"
+
+    def line(cells):
+        return "| " + " | ".join(str(cell).rjust(width) if index else str(cell).ljust(width)
+                                 for index, (cell, width) in enumerate(zip(cells, widths))) + " |"
+
+    return "\n".join([title, rule, line(headers), rule, *(line(cells) for cells in rows), rule])
+
+
 def format_table(title: str, parameters: int, rows: list[dict]) -> str:
     headers = ["dtype", "Largest layer", "Total size", "Training with Adam"]
     body = [[r["dtype"], human_bytes(r["largest_layer"]), human_bytes(r["total_size"]), human_bytes(r["training_adam"])]
             for r in rows]
-    widths = [max(len(str(line[i])) for line in [headers] + body) for i in range(len(headers))]
-    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    table = create_ascii_table(headers, body, f"Memory needed by {title} ({parameters:,} parameters)")
+    return table + ("\nTraining with Adam: fp32 weights, gradients and two moments (16 bytes/parameter), activations "
+                    "not included; int8/int4 count every floating weight quantized.")
 
-    def line(cells):
-        return "| " + " | ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
 
-    lines = [f"Memory needed by {title} ({parameters:,} parameters)", rule, line(headers), rule]
-    lines += [line(cells) for cells in body]
-    lines += [rule, "Training with Adam: fp32 weights, gradients and two moments (16 bytes/parameter), activations "
-                    "not included; int8/int4 count every floating weight quantized."]
-    return "\n".join(lines)
+# ------------------------------------------------------------------ Accelerate's helpers
+def gather_data(args) -> list:
+    """Accelerate's rows for ``args.model_name``: ``[dtype, largest layer, total size, training by part]`` (bytes)."""
+    model = create_empty_model(args.model_name, getattr(args, "library_name", None),
+                               getattr(args, "trust_remote_code", False))
+    fp32_bytes = 4 * sum(p.numel() for p in model.parameters() if p.is_floating_point())
+    return [[row["dtype"], row["largest_layer"], row["total_size"], estimate_training_usage(fp32_bytes, row["dtype"])]
+            for row in estimate(model, args.dtypes, getattr(args, "no_split", None))]
+
+
+def check_has_model(error) -> str:
+    """Which library raised ``error`` on a model it could not find: ``"timm"``, ``"transformers"`` or ``"unknown"``."""
+    message = str(error)
+    if (isinstance(error, RuntimeError) and "Unknown model" in message) or (
+            isinstance(error, KeyError) and "architecture" in message):
+        return "timm"
+    if isinstance(error, (OSError, ValueError)) and (
+            "does not appear to have a file named" in message or "Unrecognized model in" in message):
+        return "transformers"
+    return "unknown"
+
+
+def add_timm_hub_prefix(model_name: str) -> str:
+    """``"org/model"`` -> ``"hf-hub:org/model"`` (timm's form for Hub ids); other names unchanged."""
+    if ":" in model_name or "/" not in model_name:
+        return model_name
+    return f"hf-hub:{model_name}"
+
+
+def verify_on_hub(repo: str, token=None):
+    """The Hub's model info for ``repo``, ``"gated"`` or ``"repo"`` (not found). Needs ``huggingface_hub``;
+    ``hasten estimate-memory`` itself never contacts the Hub."""
+    from hasten.utils.imports import require_extra
+
+    hub = require_extra("huggingface_hub", "Looking a model up on the Hugging Face Hub")
+    from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        return hub.model_info(repo, token=token)
+    except RepositoryNotFoundError:
+        return "repo"
+    except (GatedRepoError, OSError):  # gated, or no access
+        return "gated"

@@ -13,35 +13,69 @@ import signal
 import sys
 
 from ._errors import CommandError
-from ._flags import add_flag
+from ._flags import OneSpellingHelpFormatter, add_flag
+from ._launch_options import BACKEND_GROUPS, add_backend_options, backend_not_yet_supported
 from ._launch_plan import LaunchPlan, build_plan
 
-__all__ = ["add_parser", "run", "launch_command_parser", "load_launch_config", "execute"]
+__all__ = ["add_parser", "run", "launch_command_parser", "launch_command", "main", "load_launch_config", "execute",
+           "CustomHelpFormatter", "clean_option", "options_to_group", "simple_launcher", "multi_gpu_launcher",
+           "deepspeed_launcher", "tpu_launcher", "tpu_pod_launcher", "sagemaker_launcher"]
 
 _DESCRIPTION = (
     "Run SCRIPT on --num_processes processes (the total over all machines) with torchrun's elastic agent. "
-    "Settings reach the script as HASTEN_* environment variables; flags override the config file."
+    "Settings reach the script as HASTEN_* environment variables; flags override the config file. Every flag "
+    "also answers to its dashed spelling (--num-processes)."
 )
+
+_USAGE = "%(prog)s [options] SCRIPT [script arguments ...]"
+
+
+class CustomHelpFormatter(OneSpellingHelpFormatter):
+    """Accelerate's name for ``launch``'s help formatter: each flag shown once, under its underscore spelling."""
+
+    def __init__(self, *args, **kwargs):  # Accelerate's signature
+        super().__init__(*args, **kwargs)
+
+
+# a backend's switch -> its group in --help
+options_to_group = {"multi_gpu": "processes and machines",
+                    **{option.dest or option.name: f"{group.title}" for group in BACKEND_GROUPS
+                       for option in group.options[:1]}}
+
+
+def clean_option(option: str):
+    """``"--num-processes"`` -> ``"num_processes"`` (the flag's name); None for a value that is not a long option."""
+    if option.startswith("--"):
+        return option[2:].split("=", 1)[0].replace("-", "_")
+    return None
 
 
 def _define(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_flag(parser, "config_file", default=None, metavar="PATH",
              help="config file to read (default: the one written by `hasten config default`, if it exists)")
+    add_flag(parser, "quiet", "-q", action="store_true", default=False,
+             help="accepted for Accelerate compatibility: a failed job always shows only the failing rank's traceback")
     procs = parser.add_argument_group("processes and machines")
     add_flag(procs, "num_processes", "-n", type=int, default=None, metavar="N",
-             help="total number of processes over all machines (default: one per GPU, else 1)")
-    add_flag(procs, "num_machines", type=int, default=None, metavar="N", help="number of machines (default 1)")
-    add_flag(procs, "machine_rank", type=int, default=None, metavar="RANK", help="this machine's index, from 0")
-    add_flag(procs, "main_process_ip", default=None, metavar="ADDRESS", help="address of machine 0")
+             help="total number of processes over all machines (default: one per GPU on each machine, else 1)")
+    add_flag(procs, "num_machines", aliases=("nnodes",), default=None, metavar="N|MIN:MAX",
+             help="number of machines (default 1, or the SLURM allocation's); MIN:MAX for an elastic job (c10d)")
+    add_flag(procs, "machine_rank", type=int, default=None, metavar="RANK",
+             help="this machine's index, from 0 (inside SLURM: SLURM_NODEID)")
+    add_flag(procs, "main_process_ip", default=None, metavar="ADDRESS",
+             help="address of machine 0 (inside SLURM: the first host of the allocation)")
     add_flag(procs, "main_process_port", type=int, default=None, metavar="PORT",
              help="port on machine 0 (0 or absent on one machine: a free port; 29500 across machines)")
+    add_flag(procs, "same_network", action="store_true", default=None,
+             help="accepted for Accelerate compatibility: machines always meet at --main_process_ip")
     add_flag(procs, "rdzv_backend", default=None, metavar="NAME",
-             help="torchrun rendezvous backend: static (default), c10d, etcd")
+             help="torchrun rendezvous backend: static (default), c10d (elastic), etcd")
     add_flag(procs, "rdzv_conf", default=None, metavar="K=V,...", help="extra rendezvous settings")
     add_flag(procs, "max_restarts", type=int, default=None, metavar="N",
              help="restart the whole worker group up to N times after a failure (default 0)")
     add_flag(procs, "monitor_interval", type=float, default=None, metavar="SECONDS",
              help="how often the agent checks its workers (default 0.1)")
+    add_flag(procs, "role", default=None, metavar="NAME", help="torchrun's role name of the workers")
     add_flag(procs, "cpu", action="store_true", default=None, help="run on CPU even when GPUs are present")
     add_flag(procs, "gpu_ids", default=None, metavar="IDS", help="GPUs to use, e.g. 0,1 (default all)")
     add_flag(procs, "enable_cpu_affinity", action="store_true", default=None,
@@ -68,6 +102,7 @@ def _define(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_flag(program, "tee", "-t", default=None, metavar="STREAMS",
              help="also write stdout/stderr to files in --log_dir: 1 stdout, 2 stderr, 3 both")
     add_flag(program, "log_dir", default=None, metavar="DIR", help="where torchrun writes the workers' logs")
+    add_backend_options(parser, add_flag)
     parser.add_argument("training_script", metavar="SCRIPT", help="the Python script (or module, or executable)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="...",
                         help="arguments for the script")
@@ -77,13 +112,19 @@ def _define(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hasten launch`` on the ``hasten`` parser."""
     parser = subparsers.add_parser("launch", help="run a script on N processes and/or machines",
-                                   description=_DESCRIPTION)
+                                   description=_DESCRIPTION, formatter_class=CustomHelpFormatter,
+                                   allow_abbrev=False, usage=_USAGE)
     return _define(parser)
 
 
-def launch_command_parser() -> argparse.ArgumentParser:
-    """A stand-alone parser for ``hasten launch``'s arguments (no ``launch`` word)."""
-    return _define(argparse.ArgumentParser(prog="hasten launch", description=_DESCRIPTION))
+def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
+    """``hasten launch``'s parser: registered on ``subparsers`` when given (Accelerate's form), else stand-alone."""
+    if subparsers is not None:
+        parser = add_parser(subparsers)
+        parser.set_defaults(func=launch_command)
+        return parser
+    return _define(argparse.ArgumentParser(prog="hasten launch", description=_DESCRIPTION, allow_abbrev=False,
+                                           formatter_class=CustomHelpFormatter, usage=_USAGE))
 
 
 def load_launch_config(config_file):
@@ -160,3 +201,30 @@ def run(args) -> int:
         print(note, file=sys.stderr)
     sys.stderr.flush()
     return execute(plan)
+
+
+def main() -> None:
+    """``hasten launch`` as a program of its own (Accelerate's ``accelerate-launch``)."""
+    from .cli import main as cli_main
+
+    sys.exit(cli_main(["launch", *sys.argv[1:]]))
+
+
+# Accelerate's entry points. It picks a launcher per backend; hasten runs every job, one process or many,
+# through torchrun's agent, and the backends it does not have yet end with NotYetSupportedError.
+launch_command = simple_launcher = multi_gpu_launcher = run
+
+
+def deepspeed_launcher(args):
+    raise backend_not_yet_supported("DeepSpeed")
+
+
+def tpu_launcher(args):
+    raise backend_not_yet_supported("TPU")
+
+
+tpu_pod_launcher = tpu_launcher
+
+
+def sagemaker_launcher(sagemaker_config, args):
+    raise backend_not_yet_supported("Amazon SageMaker")

@@ -12,8 +12,9 @@ import subprocess
 import sys
 
 from ._flags import add_flag
+from .utils import command_parser
 
-__all__ = ["add_parser", "run", "test_command"]
+__all__ = ["add_parser", "run", "sanity_launch_command", "test_command", "test_command_parser", "main"]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -28,7 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def test_command(config_file=None, num_processes=None) -> list:
+def sanity_launch_command(config_file=None, num_processes=None) -> list:
     """The ``hasten launch`` command line ``hasten test`` runs."""
     from ..test_utils import sanity_script_path
 
@@ -42,7 +43,7 @@ def test_command(config_file=None, num_processes=None) -> list:
 
 def run(args) -> int:
     """Run the launch, streaming its output, then print the verdict."""
-    command = test_command(args.config_file, args.num_processes)
+    command = sanity_launch_command(args.config_file, getattr(args, "num_processes", None))
     print("hasten test: running hasten " + " ".join(command[3:]), flush=True)
     code = subprocess.call(command)
     if code == 0:
@@ -51,3 +52,17 @@ def run(args) -> int:
     print(f"hasten test: FAILED (exit status {code}); the output above shows which process failed and why.",
           file=sys.stderr)
     return 1
+
+
+test_command = run
+
+
+def test_command_parser(subparsers=None) -> argparse.ArgumentParser:
+    """``hasten test``'s parser: registered on ``subparsers`` when given, else stand-alone."""
+    return command_parser(add_parser, subparsers, test_command)
+
+
+def main() -> int:
+    from .cli import main as cli_main
+
+    return cli_main(["test", *sys.argv[1:]])

@@ -1,7 +1,8 @@
 """Resolving the ``Accelerator``'s settings, in one place, with the one precedence rule.
 
-argument in code > launcher environment (``HASTEN_*``) > config file (the one ``hasten launch`` used, named in
-``HASTEN_CONFIG_FILE``) > default. Two explicit sources that disagree raise ``ConfigConflictError``.
+argument in code > launcher environment (``HASTEN_*``, or Accelerate's ``ACCELERATE_*`` aliases) > config file
+(the one ``hasten launch`` used, named in ``HASTEN_CONFIG_FILE``) > default. Two explicit sources that disagree
+raise ``ConfigConflictError``.
 """
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..utils.environment import env_name
 from .accumulation import GradientAccumulationPlugin
 from .dynamo import TorchDynamoPlugin
+from .env_aliases import get_setting, setting_is_set
 from .enums import PrecisionType, RNGType
 from .kwargs import KwargsHandler
 from .project import ProjectConfiguration
@@ -47,7 +48,7 @@ def _launcher_config() -> tuple[dict, Optional[str]]:
     is set, it is the launcher's word and the file's value is not compared again. A value equal to the default
     (``write_basic_config`` writes ``mixed_precision: no``) counts as not given.
     """
-    path = os.environ.get(env_name("config_file"))
+    path = get_setting("config_file")
     if not path:
         return {}, None
     from .config_file import load_config_file
@@ -55,10 +56,10 @@ def _launcher_config() -> tuple[dict, Optional[str]]:
     raw = load_config_file(path)
     config = {}
     for key, (setting, neutral) in _CONFIG_SETTINGS.items():
-        if key in raw and os.environ.get(env_name(setting)) in (None, "") and raw[key] != neutral:
+        if key in raw and not setting_is_set(setting) and raw[key] != neutral:
             config[key] = raw[key]
     backend = (raw.get("dynamo_config") or {}).get("dynamo_backend")
-    if backend is not None and os.environ.get(env_name("dynamo_backend")) in (None, "") and str(backend).upper() != "NO":
+    if backend is not None and not setting_is_set("dynamo_backend") and str(backend).upper() != "NO":
         config["dynamo_backend"] = backend
     return config, path
 

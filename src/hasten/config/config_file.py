@@ -6,10 +6,10 @@ Accelerate ``default_config.yaml`` can be used as is. See docs/config-file.md.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -17,6 +17,7 @@ import yaml
 
 from ..utils.environment import str_to_bool
 from .enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType
+from .env_aliases import get_setting
 
 __all__ = ["default_config_file", "default_config_path", "write_basic_config", "load_config_file",
            "normalize_config", "CONFIG_HOME_ENV", "CONFIG_FILE_NAME"]
@@ -29,7 +30,7 @@ CONFIG_FILE_NAME = "default_config.yaml"
 
 def default_config_path() -> str:
     """The default config file, computed now from the environment (``HASTEN_CONFIG_HOME``, ``XDG_CACHE_HOME``)."""
-    folder = os.environ.get(CONFIG_HOME_ENV)
+    folder = get_setting(CONFIG_HOME_ENV)  # or ACCELERATE_CONFIG_HOME, like every HASTEN_* variable
     if not folder:
         folder = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "hasten")
     return os.path.join(os.path.expanduser(folder), CONFIG_FILE_NAME)
@@ -199,8 +200,27 @@ def _distributed_type(value, config: dict):
     return _enum(DistributedType, "distributed_type")(value)
 
 
+# dynamo_config's keys, as Accelerate writes them (``dynamo_`` prefix) and as they may be written without it
+DYNAMO_KEYS = ("dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
+               "dynamo_use_regional_compilation")
+_DYNAMO_ALL_KEYS = DYNAMO_KEYS + tuple(key[len("dynamo_"):] for key in DYNAMO_KEYS)
+
+
+def _unknown_keys_message(unknown, known) -> str:
+    """``unknown keys 'mixed_precison' (did you mean 'mixed_precision'?), 'my_setting'``."""
+    described = []
+    for key in sorted(unknown, key=str):
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+        described.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    return f"unknown key{'s' if len(described) > 1 else ''} {', '.join(described)}"
+
+
 def _dynamo_config(value):
     value = dict(_mapping(value))
+    unknown = [key for key in value if key not in _DYNAMO_ALL_KEYS]
+    if unknown:
+        raise _Invalid(_unknown_keys_message(unknown, DYNAMO_KEYS) + "; the keys are "
+                       + ", ".join(DYNAMO_KEYS))
     if value.get("dynamo_backend") is not None:
         value["dynamo_backend"] = _enum(DynamoBackend, "dynamo_backend")(value["dynamo_backend"])
     return value
@@ -281,14 +301,14 @@ def normalize_config(raw: dict, source: str = "<config>") -> dict:
         config = _upgrade_legacy_keys(raw)
     except _Invalid as error:
         raise ValueError(f"Config file {source}, key 'fp16': {str(error).rstrip('.')}.") from None
-    result, unknown = {}, []
+    unknown = [key for key in config if key not in KNOWN_KEYS]
+    if unknown:
+        raise ValueError(f"Config file {source}: {_unknown_keys_message(unknown, list(KNOWN_KEYS))}. Fix or remove "
+                         "them (docs/config-file.md lists every key).")
+    result = {}
     # compute_environment first: distributed_type's valid values depend on it.
     for key in sorted(config, key=lambda k: k != "compute_environment"):
         value = config[key]
-        if key not in KNOWN_KEYS:
-            unknown.append(key)
-            result[key] = value
-            continue
         if value is None:
             continue  # "not set": the launcher's default applies
         try:
@@ -302,11 +322,6 @@ def normalize_config(raw: dict, source: str = "<config>") -> dict:
             f"Config file {source}: machine_rank {result.get('machine_rank', 0)} must be smaller than num_machines "
             f"{result.get('num_machines', 1)} (ranks count from 0)."
         )
-    if unknown:
-        warnings.warn(
-            f"Config file {source} has keys hasten does not know: {sorted(unknown)}. They are kept but not "
-            "used; check them for typos.", UserWarning, stacklevel=3,
-        )
     return {key: result[key] for key in config if key in result}
 
 
@@ -317,7 +332,7 @@ def load_config_file(path: Union[str, os.PathLike]) -> dict[str, Any]:
     Values are normalised: enums as their canonical strings (``"MULTI_GPU"``, ``"bf16"``), integers as
     ints, booleans as bools; old Accelerate keys (``fp16: true``, ``dynamo_backend``) are upgraded. A bad
     ``distributed_type``, ``mixed_precision``, ``num_processes`` ... raises ``ValueError`` naming the file and
-    the key; unknown keys are kept and reported in one warning.
+    the key; so do unknown keys, all listed at once with the closest known key for each typo.
     """
     path = Path(path).expanduser()
     if not path.is_file():

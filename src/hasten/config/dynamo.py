@@ -1,11 +1,12 @@
 """``TorchDynamoPlugin``: the ``torch.compile`` settings applied to prepared models."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Optional
 
-from ..utils.environment import env_name, parse_flag_from_env
 from .enums import DynamoBackend
+from .env_aliases import get_flag_setting
 from .resolution import resolve
 
 __all__ = ["TorchDynamoPlugin"]
@@ -24,7 +25,8 @@ class TorchDynamoPlugin:
     """How ``torch.compile`` is applied by ``prepare``.
 
     Unset fields come from the launcher's environment (``HASTEN_DYNAMO_BACKEND``, ``HASTEN_DYNAMO_MODE``,
-    ``HASTEN_DYNAMO_USE_FULLGRAPH``, ``HASTEN_DYNAMO_USE_DYNAMIC``, ``HASTEN_DYNAMO_USE_REGIONAL_COMPILATION``),
+    ``HASTEN_DYNAMO_USE_FULLGRAPH``, ``HASTEN_DYNAMO_USE_DYNAMIC``, ``HASTEN_DYNAMO_USE_REGIONAL_COMPILATION``,
+    or their ``ACCELERATE_DYNAMO_*`` aliases),
     then the defaults (backend ``"no"`` = no compilation, mode ``"default"``). ``use_regional_compilation``
     compiles repeated blocks of one class once and reuses the compiled code, cutting cold-start time;
     ``disable`` turns compilation into a no-op (tests).
@@ -51,7 +53,7 @@ class TorchDynamoPlugin:
                                default="default", parse=check_mode)
         self.fullgraph, _ = resolve("dynamo_use_fullgraph", self.fullgraph, default=False, parse=_parse_bool,
                                     argument_name="TorchDynamoPlugin(fullgraph=...)")
-        if self.dynamic is None and parse_flag_from_env(env_name("dynamo_use_dynamic"), False):
+        if self.dynamic is None and get_flag_setting("dynamo_use_dynamic"):
             self.dynamic = True
         self.use_regional_compilation, _ = resolve(
             "dynamo_use_regional_compilation", self.use_regional_compilation, default=False, parse=_parse_bool,
@@ -62,6 +64,12 @@ class TorchDynamoPlugin:
     @property
     def enabled(self) -> bool:
         return self.backend != DynamoBackend.NO and not self.disable
+
+    def to_dict(self) -> dict:
+        """Every field, the backend as its lower-case name (as Accelerate writes it)."""
+        values = copy.deepcopy(self.__dict__)
+        values["backend"] = self.backend.value.lower()
+        return values
 
     def to_kwargs(self) -> dict:
         """Keyword arguments for ``torch.compile``."""

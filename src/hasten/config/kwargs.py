@@ -5,20 +5,27 @@ the options you changed, so PyTorch's own defaults apply to everything else.
 """
 from __future__ import annotations
 
+import copy
 import datetime
 from dataclasses import dataclass, field, fields
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 from .enums import _StrEnum
 
 __all__ = [
     "KwargsHandler", "DistributedDataParallelKwargs", "DDPCommunicationHookType", "GradScalerKwargs",
-    "InitProcessGroupKwargs", "AutocastKwargs", "ProfileKwargs",
+    "InitProcessGroupKwargs", "AutocastKwargs", "ProfileKwargs", "ProfilerActivity",
 ]
+
+ProfilerActivity = Literal["cpu", "xpu", "mtia", "cuda", "hpu"]  # values of ProfileKwargs.activities
 
 
 class KwargsHandler:
     """Base class: ``to_kwargs()`` gives the fields whose value differs from the dataclass default."""
+
+    def to_dict(self) -> dict:
+        """Every field (and attribute) with its value, as a deep copy."""
+        return copy.deepcopy(self.__dict__)
 
     def to_kwargs(self) -> dict:
         defaults = self.__class__()
@@ -64,6 +71,10 @@ class DistributedDataParallelKwargs(KwargsHandler):
                 DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD):
             raise ValueError("comm_wrapper only wraps a PowerSGD hook: set comm_hook='power_sgd' or "
                              "'batched_power_sgd', or leave comm_wrapper at 'no'.")
+
+    def to_dict(self, ignore_keys=("comm_hook", "comm_wrapper", "comm_state_option")) -> dict:
+        """The fields without ``ignore_keys`` (by default the hook options, which are not DDP arguments)."""
+        return {k: v for k, v in super().to_dict().items() if k not in ignore_keys}
 
     def to_kwargs(self) -> dict:
         """Only the DistributedDataParallel constructor options (the hook is registered separately)."""

@@ -10,13 +10,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..utils.environment import env_name
+from .env_aliases import HASTEN_PREFIX, ConfigConflictError, read_setting
+
+__all__ = ["ConfigConflictError", "Source", "resolve"]
 
 _UNSET = object()
-
-
-class ConfigConflictError(ValueError):
-    """Two explicit sources gave different values for one setting."""
 
 
 @dataclass(frozen=True)
@@ -45,21 +43,26 @@ def resolve(
     """Resolve one setting and return ``(value, source)``.
 
     ``argument`` is ``None`` when the user did not pass it. The launcher environment is
-    ``HASTEN_<SETTING>`` unless ``env_var`` names another variable. ``parse`` normalises each explicit value
-    (so ``"BF16"`` and ``"bf16"`` agree) and raises ``ValueError`` for bad input.
+    ``HASTEN_<SETTING>`` or its Accelerate alias ``ACCELERATE_<SETTING>`` (see ``env_aliases``) unless
+    ``env_var`` names another variable. ``parse`` normalises each explicit value (so ``"BF16"`` and ``"bf16"``
+    agree) and raises ``ValueError`` for bad input.
     """
-    env_var = env_var or env_name(setting)
     config_key = config_key or setting
     candidates = []
     if argument is not None:
         candidates.append((parse(argument), Source("argument", argument_name or f"{setting}=")))
-    raw_env = os.environ.get(env_var)
-    if raw_env not in (None, ""):
-        try:
-            value = parse(raw_env)
-        except ValueError as error:
-            raise ValueError(f"Environment variable {env_var}={raw_env!r}: {error}") from None
-        candidates.append((value, Source("environment", env_var)))
+    if env_var is None or env_var.startswith(HASTEN_PREFIX):
+        value, variable = read_setting(env_var or setting, parse)
+    else:  # a variable of another family, read as it is
+        raw_env = os.environ.get(env_var)
+        value, variable = None, None
+        if raw_env not in (None, ""):
+            try:
+                value, variable = parse(raw_env), env_var
+            except ValueError as error:
+                raise ValueError(f"Environment variable {env_var}={raw_env!r}: {error}") from None
+    if variable is not None:
+        candidates.append((value, Source("environment", variable)))
     if config and config.get(config_key) is not None:
         try:
             value = parse(config[config_key])

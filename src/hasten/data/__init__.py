@@ -5,6 +5,7 @@ same API under the import path Accelerate users write.
 """
 from .batch_shard import BatchSamplerShard
 from .dispatcher import DataLoaderDispatcher
+from .loader_core import DataLoaderAdapter
 from .iterable import IterableDatasetShard
 from .prepare import prepare_data_loader
 from .progress import DataLoaderStateMixin
@@ -13,7 +14,7 @@ from .samplers import SeedableRandomSampler, get_sampler
 from .shard_loader import DataLoaderShard
 
 __all__ = [
-    "BatchSamplerShard", "DataLoaderDispatcher", "DataLoaderShard", "DataLoaderStateMixin", "IterableDatasetShard",
+    "BatchSamplerShard", "DataLoaderAdapter", "DataLoaderDispatcher", "DataLoaderShard", "DataLoaderStateMixin", "IterableDatasetShard",
     "SeedableRandomSampler", "SkipBatchSampler", "SkipDataLoader", "get_sampler", "prepare_data_loader",
     "skip_first_batches",
 ]

@@ -72,7 +72,6 @@ class DataLoaderDispatcher(PreparedDataLoader):
             raise TypeError(f"slice_fn_for_dispatch must be callable, got {slice_fn!r}.")
         super().__init__(dataset, skip_batches=skip_batches, use_stateful_dataloader=use_stateful_dataloader,
                          iteration=iteration, **kwargs)
-        self.state = PartialState()
         self.num_processes = self.state.num_processes if num_processes is None else num_processes
         self.process_index = self.state.process_index if process_index is None else process_index
         check_process_layout(self.num_processes, self.process_index, "DataLoaderDispatcher")
@@ -94,6 +93,15 @@ class DataLoaderDispatcher(PreparedDataLoader):
                                    "DataLoaderDispatcher(split_batches=True)")
         self._pending_first_samples = None
         self._layout = None  # the last layout sent / received
+
+    @property
+    def state(self) -> PartialState:
+        """The process state (looked up, not stored: a pickled loader then uses the process it is loaded in)."""
+        return PartialState()
+
+    @property
+    def _reads_data(self) -> bool:
+        return self.state.process_index == 0
 
     # ------------------------------------------------------------------ sizes
     def _base_batch_size(self) -> Optional[int]:

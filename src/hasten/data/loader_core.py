@@ -5,9 +5,13 @@ also a subclass of torchdata's ``StatefulDataLoader``). On top of it, this modul
 
 - the epoch (``iteration``) and the number of batches yielded in the current pass;
 - ``state_dict()`` / ``load_state_dict()``: the epoch, the position, the states the random generators had
-  when the pass started and, where they exist, the dataset's or torchdata's own state. Loading makes the
+  when the pass started and, where they exist, the dataset's or torchdata's own state (a stateful loader's
+  state is torchdata's ``StatefulDataLoader`` state with hasten's keys beside it). Loading makes the
   next pass start exactly there: by starting the batch sampler at that batch (no sample is loaded), by
-  restoring the dataset or torchdata state, and only as a last resort by reading and dropping batches;
+  restoring the dataset or torchdata state, and only as a last resort by reading and dropping batches.
+  ``len()`` stays the length of a whole epoch (as Accelerate's and torchdata's loaders answer), so a resume
+  loop can compute ``divmod(completed_steps, len(loader))``; only a ``skip_first_batches`` copy is shorter,
+  by the batches it skips, until its first pass is over;
 - a private ``torch.Generator`` for the loader when the user gave none, reseeded from the epoch: creating
   an iterator then never draws from torch's global generator, so the training script's later random numbers
   (dropout, augmentation) are the same whether or not a run was resumed.
@@ -15,6 +19,7 @@ also a subclass of torchdata's ``StatefulDataLoader``). On top of it, this modul
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 from typing import Optional
 
@@ -25,10 +30,10 @@ from .batch_shard import BatchSamplerShard
 from .iterable import IterableDatasetShard, has_own_state
 from .progress import DataLoaderStateMixin
 from .samplers import SeedableRandomSampler, get_sampler
-from .stateful import drop_unsupported_kwargs, stateful_variant
+from .stateful import drop_unsupported_kwargs, is_torchdata_state, stateful_variant, torchdata_position
 from .validation import check_non_negative_int
 
-__all__ = ["PreparedDataLoader", "loader_options"]
+__all__ = ["PreparedDataLoader", "DataLoaderAdapter", "loader_options"]
 
 # DataLoader settings a rebuilt loader keeps (batching is rebuilt, everything else carried over).
 _CARRIED_OPTIONS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
@@ -36,6 +41,11 @@ _CARRIED_OPTIONS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worke
 _STATEFUL_OPTIONS = ("snapshot_every_n_steps",)
 
 _STATE_KEYS = ("epoch", "batches_yielded")
+# Every key hasten's own state may hold; the other keys of a stateful loader's state are torchdata's.
+_OWN_KEYS = _STATE_KEYS + ("generators", "sampler", "dataset", "dispatch_first_samples", "base")
+# Per-pass bookkeeping a pickled copy starts without (it is between passes, like a loader never iterated).
+_PASS_ATTRIBUTES = {"_iterator": None, "_active_copy": None, "_position": 0, "_pass_skip": 0, "_replay": 0,
+                    "end_of_dataloader": False, "remainder": -1}
 # Options DataLoader refuses next to a batch sampler (it decides batches itself), with their defaults.
 _BATCH_SAMPLER_EXCLUSIVE = {"batch_size": 1, "shuffle": None, "sampler": None, "drop_last": False}
 
@@ -63,15 +73,17 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     """Base of ``DataLoaderShard`` and ``DataLoaderDispatcher`` (see the module docstring)."""
 
     _is_stateful = False  # True in the StatefulDataLoader-backed variants (see stateful.py)
+    _reads_data = True  # False where another process reads this loader's data (a dispatcher's receivers)
 
-    def __new__(cls, *args, use_stateful_dataloader: bool = False, **kwargs):
-        if use_stateful_dataloader and not cls._is_stateful:
+    def __new__(cls, *args, **kwargs):
+        if not cls._is_stateful and _wants_stateful(cls, args, kwargs):
             cls = stateful_variant(cls)
         return super().__new__(cls)
 
-    def __init__(self, dataset, *, skip_batches: int = 0, use_stateful_dataloader: bool = False,
-                 iteration: int = 0, **kwargs):
+    def __init__(self, dataset, use_stateful_dataloader: bool = False, batch_sampler=None, *,
+                 skip_batches: int = 0, iteration: int = 0, **kwargs):
         check_non_negative_int(skip_batches, "skip_batches")
+        kwargs["batch_sampler"] = batch_sampler
         _check_batch_sampler_options(type(self).__name__, kwargs)
         self._private_generator_seed: Optional[int] = None
         if kwargs.get("generator") is None:
@@ -90,6 +102,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         self.skip_batches = skip_batches
         self.iteration = iteration
         self._pending_skip = skip_batches  # batches the next pass starts after
+        self._length_skip = skip_batches  # batches len() leaves out: those skip_batches skips, until that pass ends
         self._pass_skip = 0  # batches the current pass started after
         self._position = 0  # batches of the current pass behind us, skipped ones included
         self._replay = 0  # batches the current pass must read and drop (no cheaper way to skip them)
@@ -98,6 +111,17 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         self._pending_dataset_state = None
         self._loaded_state: Optional[dict] = None
         self._lookahead_state: dict = {}  # states taken before reading ahead, matching the batch just yielded
+
+    # ------------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict:
+        """Everything but a live pass: no iterator (worker processes cannot be pickled); the copy starts its
+        next pass where the original's next pass would start."""
+        state = dict(self.__dict__)
+        state.update(_PASS_ATTRIBUTES)
+        state["_lookahead_state"] = {}
+        if getattr(self, "_initial_iter_for_state_dict", False):  # torchdata: state_dict() made an iterator
+            state["_initial_iter_for_state_dict"] = False
+        return state
 
     # ------------------------------------------------------------------ compatibility
     @property
@@ -164,7 +188,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         self.end()
         if completed:
             self.iteration += 1
-            self._position = self._pass_skip = 0
+            self._position = self._pass_skip = self._length_skip = 0
         origin = self.__dict__.get("_origin")
         if origin is not None and completed:
             origin.iteration = self.iteration
@@ -173,6 +197,8 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     def _start_from_resume(self) -> int:
         """Set up the pending skip or restored state; return the batch the pass starts at."""
         skip, self._pending_skip = self._pending_skip, 0
+        if not skip:
+            self._length_skip = 0
         base_state, self._pending_base_state = self._pending_base_state, None
         dataset_state, self._pending_dataset_state = self._pending_dataset_state, None
         self._loaded_state = None
@@ -222,8 +248,9 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
 
     def _load_base_state_dict(self, state_dict) -> None:  # overridden by the StatefulDataLoader variants
         raise ValueError(
-            "This state was saved by a loader prepared with use_stateful_dataloader=True; prepare this one the "
-            "same way to restore it."
+            "This state holds torchdata's StatefulDataLoader state (saved by a loader prepared with "
+            "use_stateful_dataloader=True, or by torchdata itself); prepare this loader with "
+            "use_stateful_dataloader=True to restore it."
         )
 
     # ------------------------------------------------------------------ length
@@ -231,16 +258,20 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         return DataLoader.__len__(self)
 
     def __len__(self) -> int:
-        skipped = self._pending_skip if self._pending_skip else self._pass_skip
-        return max(0, self._full_length() - skipped)
+        """Batches of a whole epoch (restoring a position does not change it); a ``skip_first_batches`` copy
+        is shorter by the batches it skips until its first pass is over."""
+        return max(0, self._full_length() - self._length_skip)
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict:
         """Where this loader is: restore it with ``load_state_dict`` to continue exactly from here.
 
         Keys: ``epoch``, ``batches_yielded`` (in that epoch), ``generators`` (states at the start of the
-        pass), ``sampler`` (a ``SeedableRandomSampler``'s seed) and, mid-pass, ``dataset`` / ``base`` (the
-        dataset's or torchdata's own state). After the last batch of a pass it points at the next epoch.
+        pass), ``sampler`` (a ``SeedableRandomSampler``'s seed) and, mid-pass, ``dataset`` (an iterable
+        dataset's own state). After the last batch of a pass it points at the next epoch. A loader prepared
+        with ``use_stateful_dataloader=True`` returns torchdata's ``StatefulDataLoader`` state (the same
+        top-level keys, taken before the batch read ahead) with these keys beside them, so the state also
+        loads into torchdata's and Accelerate's loaders.
         """
         active = self.__dict__.get("_active_copy")
         if active is not None:
@@ -259,20 +290,38 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         sampler = get_sampler(self)
         if isinstance(sampler, SeedableRandomSampler):
             state["sampler"] = {"epoch": state["epoch"], "seed": sampler.initial_seed}
+        base = None
         if mid_pass:
-            state.update(copy.deepcopy(self._lookahead_state))
+            lookahead = copy.deepcopy(self._lookahead_state)
+            base = lookahead.pop("base", None)
+            state.update(lookahead)
+        elif self._is_stateful:
+            base = self._idle_base_state_dict()
+        if base is not None:
+            state = {**self._portable_base_state(base), **state}
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Make the next pass continue from ``state_dict`` (from ``state_dict()``): same epoch, same order, next
-        batch; later passes go on as they would have."""
-        if not isinstance(state_dict, dict) or any(key not in state_dict for key in _STATE_KEYS):
-            raise ValueError(
-                f"{type(self).__name__}.load_state_dict needs a dict from state_dict() with keys {_STATE_KEYS}; got "
-                f"{state_dict!r:.200}."
-            )
-        if "base" in state_dict and not self._is_stateful:
-            self._load_base_state_dict(state_dict["base"])  # raises the explanation
+        batch; later passes go on as they would have.
+
+        A stateful loader also takes a plain torchdata ``StatefulDataLoader`` state (it continues its current
+        epoch at the batch that state had reached) and the older hasten format (torchdata's state under
+        ``"base"``)."""
+        if not isinstance(state_dict, dict):
+            raise self._foreign_state(state_dict)
+        if any(key not in state_dict for key in _STATE_KEYS):
+            if is_torchdata_state(state_dict):
+                self._load_plain_base_state(state_dict)
+                return
+            raise self._foreign_state(state_dict)
+        base = state_dict.get("base")
+        if base is None:
+            portable = {key: value for key, value in state_dict.items() if key not in _OWN_KEYS}
+            if is_torchdata_state(portable) and int(state_dict["batches_yielded"]) > 0:
+                base = portable  # mid-pass: torchdata's state restores the position (before: hasten's alone)
+        if base is not None and not self._is_stateful:
+            self._load_base_state_dict(base)  # raises the explanation
         generators = self._owned_generators()
         for role, value in state_dict.get("generators", {}).items():
             if role not in generators:
@@ -286,7 +335,8 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
             sampler.load_state_dict(state_dict["sampler"])
         self.iteration = int(state_dict["epoch"])
         self._pending_skip = check_non_negative_int(int(state_dict["batches_yielded"]), "batches_yielded")
-        self._pending_base_state = state_dict.get("base")
+        self._length_skip = 0
+        self._pending_base_state = base
         self._pending_dataset_state = state_dict.get("dataset")
         if self._pending_dataset_state is not None and self._resumable_dataset() is None:
             raise ValueError(
@@ -294,3 +344,45 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
                 "no load_state_dict, or num_workers > 0): prepare the same loader as the saved run."
             )
         self._loaded_state = copy.deepcopy(state_dict)
+
+    def _load_plain_base_state(self, state_dict: dict) -> None:
+        """A state from torchdata's own ``StatefulDataLoader`` (no epoch of hasten's): continue this epoch there."""
+        if not self._is_stateful:
+            self._load_base_state_dict(state_dict)  # raises the explanation
+        finished = bool(state_dict.get("_iterator_finished"))
+        self._pending_skip = 0 if finished else torchdata_position(state_dict)
+        self._length_skip = 0
+        self._pending_base_state = None if finished else state_dict
+        self._pending_dataset_state = None
+        self._loaded_state = copy.deepcopy(state_dict)
+
+    def _foreign_state(self, state_dict) -> ValueError:
+        return ValueError(
+            f"{type(self).__name__}.load_state_dict needs a dict from state_dict() with keys {_STATE_KEYS} (or, "
+            f"with use_stateful_dataloader=True, a torchdata StatefulDataLoader state); got {state_dict!r:.200}."
+        )
+
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """Accelerate's hook to correct a state taken after batches were read ahead. hasten takes the state
+        before reading ahead, so there is nothing to adjust."""
+
+    # Overridden by the StatefulDataLoader variants (stateful.py).
+    def _idle_base_state_dict(self):
+        return None
+
+    def _portable_base_state(self, base: dict) -> dict:
+        return base
+
+
+DataLoaderAdapter = PreparedDataLoader  # Accelerate's name for the base of its prepared loaders
+
+
+def _wants_stateful(cls, args: tuple, kwargs: dict) -> bool:
+    """Whether the constructor call ``cls(*args, **kwargs)`` asks for ``use_stateful_dataloader``."""
+    if "use_stateful_dataloader" in kwargs or len(args) < 2:  # the dataset alone is positional, as usual
+        return bool(kwargs.get("use_stateful_dataloader", False))
+    try:
+        bound = inspect.signature(cls.__init__).bind_partial(None, *args, **kwargs)
+    except TypeError:
+        return False
+    return bool(bound.arguments.get("use_stateful_dataloader", False))

@@ -8,12 +8,15 @@ otherwise its skipped batches have to be read and dropped.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from .batch_shard import BatchSamplerShard, SampleShard, positioned
 from .dispatcher import DataLoaderDispatcher
 from .loader_core import PreparedDataLoader, loader_options
+from .samplers import get_sampler
 from .shard_loader import DataLoaderShard
 from .validation import check_non_negative_int
 
@@ -32,14 +35,33 @@ class SkipBatchSampler(BatchSamplerShard):
 
 
 class SkipDataLoader(DataLoaderShard):
-    """A ``DataLoader`` whose first pass skips ``skip_batches`` batches (``skip_first_batches`` is preferred)."""
+    """A ``DataLoader`` whose first pass skips ``skip_batches`` batches (``skip_first_batches`` is preferred).
 
-    def __init__(self, dataset, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs):
+    ``iteration`` (the epoch its passes set on the sampler and dataset) defaults to the epoch the sampler,
+    batch sampler or dataset is at, so wrapping a loader never moves its shuffle back to epoch 0.
+    """
+
+    def __init__(self, dataset, skip_batches: int = 0, use_stateful_dataloader: bool = False,
+                 iteration: Optional[int] = None, **kwargs):
         if not isinstance(dataset, IterableDataset) and kwargs.get("batch_sampler") is None \
                 and not isinstance(kwargs.get("sampler"), BatchSampler):
             kwargs = _with_positioned_batch_sampler(dataset, kwargs)
         super().__init__(dataset, skip_batches=skip_batches, use_stateful_dataloader=use_stateful_dataloader,
-                         **kwargs)
+                         iteration=0 if iteration is None else iteration, **kwargs)
+        if iteration is None:
+            self.iteration = _current_epoch(self)
+
+
+def _current_epoch(loader: DataLoader) -> int:
+    """The epoch the loader's sampler, batch sampler or dataset was last set to (0 when none keeps one)."""
+    batching = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    candidates = (get_sampler(loader), getattr(batching, "batch_sampler", None), batching, loader.dataset,
+                  getattr(loader.dataset, "dataset", None))
+    for candidate in candidates:
+        epoch = getattr(candidate, "epoch", None)
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            return epoch
+    return 0
 
 
 def _with_positioned_batch_sampler(dataset, kwargs: dict) -> dict:
@@ -88,7 +110,7 @@ def _skipping_copy(loader: PreparedDataLoader, num_batches: int) -> PreparedData
     clone.__dict__.update(loader.__dict__)
     clone._iterator = None  # never share a live iterator (or its worker processes)
     clone.skip_batches = num_batches
-    clone._pending_skip = num_batches
+    clone._pending_skip = clone._length_skip = num_batches
     clone._pass_skip = clone._position = clone._replay = 0
     clone._pending_base_state = clone._pending_dataset_state = clone._loaded_state = None
     clone._lookahead_state = {}
@@ -99,7 +121,7 @@ def _skipping_copy(loader: PreparedDataLoader, num_batches: int) -> PreparedData
         clone._pending_first_samples = None
     # The copy plays the pass the original was about to play: it takes over the original's pending resume,
     # the original follows the copy's epoch, and reports the copy's position while the copy is mid-pass.
-    loader._pending_skip = 0
+    loader._pending_skip = loader._length_skip = 0
     loader._pending_base_state = loader._pending_dataset_state = loader._loaded_state = None
     clone._origin = loader
     return clone

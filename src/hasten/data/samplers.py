@@ -1,7 +1,7 @@
 """``SeedableRandomSampler`` (a shuffle that depends only on a seed and an epoch) and ``get_sampler``."""
 from __future__ import annotations
 
-from typing import Optional, Sized
+from typing import Optional
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler
@@ -19,12 +19,12 @@ class SeedableRandomSampler(RandomSampler):
     ``data_seed + epoch`` at the start of every pass; a completed pass moves to the next epoch, and
     ``set_epoch`` chooses one explicitly.
 
-    Parameters are those of ``RandomSampler`` plus ``data_seed`` (default: ``torch.initial_seed()``).
+    Parameters are those of ``RandomSampler`` (``data_source, replacement=False, num_samples=None,
+    generator=None``) plus ``data_seed`` (default: ``torch.initial_seed()``).
     """
 
-    def __init__(self, data_source: Sized, replacement: bool = False, num_samples: Optional[int] = None,
-                 generator: Optional[torch.Generator] = None, data_seed: Optional[int] = None):
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+    def __init__(self, *args, data_seed: Optional[int] = None, **kwargs):
+        super().__init__(*args, **kwargs)
         if data_seed is not None and (isinstance(data_seed, bool) or not isinstance(data_seed, int)):
             raise TypeError(f"data_seed must be an int or None, got {data_seed!r}.")
         self.initial_seed = torch.initial_seed() if data_seed is None else data_seed

@@ -4,15 +4,59 @@
 class that inherits from both ``DataLoaderShard`` and torchdata's ``StatefulDataLoader`` (so ``isinstance``
 answers yes to both, no proxy object). The classes are built on first use, so torchdata is imported only
 when asked for, and they live in this module so that prepared loaders can be pickled.
+
+A stateful loader's ``state_dict()`` is torchdata's own state (taken before the batch read ahead, so it
+needs no prefetch correction) with hasten's keys beside it; the helpers here read and adapt the torchdata
+part so that states move between hasten, torchdata and Accelerate.
 """
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 
-from ..utils.imports import require_extra
+from torch.utils.data import IterDataPipe
 
-__all__ = ["stateful_dataloader_class", "stateful_variant", "drop_unsupported_kwargs"]
+from ..utils.imports import require_extra
+from .batch_shard import BatchSamplerShard
+
+__all__ = ["stateful_dataloader_class", "stateful_variant", "drop_unsupported_kwargs", "is_torchdata_state",
+           "torchdata_position"]
+
+# torchdata's keys: every state has the first; a single-process one has the second, a multi-worker one the third.
+_FINISHED, _NUM_YIELDED, _SNAPSHOT = "_iterator_finished", "_num_yielded", "_snapshot"
+
+
+def is_torchdata_state(state) -> bool:
+    """Whether ``state`` is (or holds at its top level) a torchdata ``StatefulDataLoader`` state."""
+    return isinstance(state, dict) and _FINISHED in state and (_NUM_YIELDED in state or _SNAPSHOT in state)
+
+
+def _main_state(state: dict) -> dict:
+    """The part of a torchdata state that the main process's iterator keeps (the sampler's position)."""
+    return state[_SNAPSHOT]["_main_snapshot"] if _SNAPSHOT in state else state
+
+
+def torchdata_position(state: dict) -> int:
+    """Batches a torchdata state had yielded in its epoch."""
+    if _SNAPSHOT in state:
+        return int(state[_SNAPSHOT]["_snapshot_step"]) + int(state.get("_steps_since_snapshot", 0))
+    return int(state[_NUM_YIELDED])
+
+
+def _with_shard_position(state: dict) -> dict:
+    """``state`` with an index-sampler state a ``BatchSamplerShard`` can load.
+
+    A state saved by another loader (torchdata's own, Accelerate's) holds its batch sampler's state or None
+    there; the shard starts at the batches that loader had drawn from its index sampler instead.
+    """
+    main = _main_state(state)
+    sampler_state = main.get("_index_sampler_state")
+    if isinstance(sampler_state, dict) and "batches_yielded" in sampler_state:
+        return state
+    state = copy.deepcopy(state)
+    _main_state(state)["_index_sampler_state"] = {"batches_yielded": int(main.get("_sampler_iter_yielded", 0))}
+    return state
 
 # Loader classes that have a stateful variant, by name (needed to rebuild a variant when unpickling).
 _VARIANT_BASES = {
@@ -66,7 +110,42 @@ def stateful_variant(cls: type) -> type:
         return base.state_dict(self)
 
     def _load_base_state_dict(self, state_dict):
+        if isinstance(self._index_sampler, BatchSamplerShard):
+            state_dict = _with_shard_position(state_dict)
         base.load_state_dict(self, state_dict)
+
+    def _idle_base_state_dict(self):
+        """torchdata's state between passes, without changing what the next pass does."""
+        if self._iterator is not None:  # the last pass's iterator: asking it changes nothing
+            return base.state_dict(self)
+        if not self._reads_data or isinstance(self.dataset, IterDataPipe):
+            return None  # nothing to say (a dispatcher's receiving process), or a new iterator runs a collective
+        # torchdata answers with a fresh iterator, which draws its worker seed from the loader's generator (and
+        # may start workers): take the answer, then put the iterator and the generators back as they were.
+        generators = {id(g): g for g in (self.generator, *self._owned_generators().values()) if g is not None}
+        saved = [(g, g.get_state()) for g in generators.values()]
+        try:
+            return base.state_dict(self)
+        finally:
+            iterator, self._iterator = self._iterator, None
+            self._initial_iter_for_state_dict = False
+            if hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+            for generator, state in saved:
+                generator.set_state(state)
+
+    def _portable_base_state(self, state):
+        """The torchdata state plus the position as a plain torchdata batch sampler reads it (samples drawn)."""
+        size = getattr(self._index_sampler, "batch_size", None)
+        if _main_state(state).get("_sampler_iter_state") is not None or not isinstance(size, int):
+            return state
+        state = copy.deepcopy(state)
+        main = _main_state(state)
+        shard = main.get("_index_sampler_state")
+        batches = shard["batches_yielded"] if isinstance(shard, dict) and "batches_yielded" in shard \
+            else main.get("_sampler_iter_yielded", 0)
+        main["_sampler_iter_state"] = {"samples_yielded": int(batches) * size}
+        return state
 
     variant = type(name, (cls, base), {
         "__module__": __name__,
@@ -75,6 +154,8 @@ def stateful_variant(cls: type) -> type:
         "_is_stateful": True,
         "_base_state_dict": _base_state_dict,
         "_load_base_state_dict": _load_base_state_dict,
+        "_idle_base_state_dict": _idle_base_state_dict,
+        "_portable_base_state": _portable_base_state,
     })
     globals()[name] = variant
     return variant

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..config.enums import DistributedType
+from ..utils.planned import not_yet_supported
 from .base import Strategy
 from .ddp import DDPStrategy
 from .single import SingleDeviceStrategy
@@ -20,9 +21,8 @@ def select_strategy(state, kwargs_handlers=None, **plugins) -> Strategy:
     """The strategy for this run: from the plugins given, else from the process state."""
     for name, label in _NOT_YET.items():
         if plugins.get(name) is not None:
-            raise NotImplementedError(
-                f"{label} ({name}=...) is not yet supported by hasten; it is planned. Remove the plugin to train "
-                "with DDP (several processes) or on a single device meanwhile."
+            raise not_yet_supported(
+                f"{label} ({name}=...)", "remove the plugin to train with DDP (several processes) or on a single device"
             )
     if state.distributed_type == DistributedType.NO:
         return SingleDeviceStrategy(state, kwargs_handlers)

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import logging
 import sys
+
+import torch
 from torch import nn
 
-__all__ = ["extract_model_from_parallel", "get_module_children_bottom_up"]
+from .constants import WEIGHTS_INDEX_NAME  # noqa: F401  (the reference defines it here too)
+
+__all__ = ["extract_model_from_parallel", "get_module_children_bottom_up", "is_peft_model", "check_device_same",
+           "id_tensor_storage", "check_tied_parameters_in_config", "check_tied_parameters_on_same_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +152,68 @@ def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -
     return ordered
 
 
+def is_peft_model(model) -> bool:
+    """Whether ``model`` (inside its training wrappers) is a PEFT ``PeftModel``."""
+    peft = sys.modules.get("peft")  # a PeftModel can only exist once peft was imported
+    peft_model = getattr(peft, "PeftModel", None)
+    return peft_model is not None and isinstance(extract_model_from_parallel(model), peft_model)
+
+
+def check_device_same(first_device, second_device) -> bool:
+    """Whether two devices are the same one, counting ``cuda`` and ``cuda:0`` (any accelerator) as equal."""
+    first, second = torch.device(first_device), torch.device(second_device)
+    if first.type != second.type:
+        return False
+    if first.type != "cpu":
+        first = torch.device(first.type, 0 if first.index is None else first.index)
+        second = torch.device(second.type, 0 if second.index is None else second.index)
+    return first == second
+
+
+def id_tensor_storage(tensor: torch.Tensor) -> tuple:
+    """``(device, storage address, storage bytes)``: equal for tensors that share one storage (tied weights,
+    views), unique among live storages. All meta tensors of one size compare equal (they have no memory)."""
+    try:
+        storage = tensor.untyped_storage()
+        return tensor.device, storage.data_ptr(), storage.nbytes()
+    except (NotImplementedError, RuntimeError):  # storages without memory (meta, some wrapper subclasses)
+        return tensor.device, 0, tensor.nelement() * tensor.element_size()
+
+
+def check_tied_parameters_in_config(model: nn.Module) -> bool:
+    """Whether a Transformers model's configuration says some weights are tied (word embeddings with the
+    output layer, encoder with decoder, or a module that ties its own); False for other models."""
+    if "PreTrainedModel" not in [cls.__name__ for cls in type(model).__mro__]:
+        return False
+    config = getattr(model, "config", None)
+    decoder_config = None
+    if config is not None:
+        decoder_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    tied_word_embeddings = bool(decoder_config is not None and getattr(decoder_config, "tie_word_embeddings", False)
+                                and model.get_output_embeddings())
+    tied_encoder_decoder = bool(getattr(config, "is_encoder_decoder", False)
+                                and getattr(config, "tie_encoder_decoder", False))
+    tied_module = any(hasattr(module, "_tie_weights") for module in model.modules())
+    return tied_word_embeddings or tied_encoder_decoder or tied_module
+
+
+def check_tied_parameters_on_same_device(tied_params: list, device_map: dict) -> None:
+    """Warn for each group of tied parameters that ``device_map`` spreads over several devices (a tied weight
+    has one storage, so it cannot live in two places). A name the map does not cover raises ValueError."""
+    from ..big_modeling.device_map import device_of
+
+    for group in tied_params:
+        devices = {}
+        for name in group:
+            try:
+                devices[name] = device_of(name, device_map)
+            except KeyError:
+                raise ValueError(f"The device_map does not contain the module of {name!r}.") from None
+        if len(set(map(str, devices.values()))) > 1:
+            logger.warning("Tied parameters are on different devices: %s. Please modify your custom device map or "
+                           "set `device_map='auto'`.", devices)
+
+
 # ``accelerate.utils.modeling`` also holds the big-model helpers; that import path keeps working here.
 _BIG_MODEL_NAMES = {
     "hasten.big_modeling.sizes": ("compute_module_sizes", "get_max_layer_size", "get_max_memory", "get_balanced_memory",
@@ -156,6 +223,12 @@ _BIG_MODEL_NAMES = {
     "hasten.big_modeling.loading": ("load_state_dict", "load_checkpoint_in_model", "set_module_tensor_to_device"),
     "hasten.big_modeling.tied": ("find_tied_parameters", "retie_parameters"),
     "hasten.big_modeling._tensors": ("named_module_tensors", "get_non_persistent_buffers"),
+    "hasten.big_modeling.offload": ("load_offloaded_weights",),
+    # offloaded-module helpers: hasten.big_modeling.offloaded_state owns them
+    "hasten.big_modeling.offloaded_state": ("has_offloaded_params", "align_module_device",
+                                            "get_state_dict_offloaded_model", "get_state_dict_from_offload"),
+    "hasten.precision": ("get_mixed_precision_context_manager", "get_grad_scaler"),
+    "hasten.utils.module_allocation": ("get_module_leaves", "get_module_size_with_ties", "fallback_allocate"),
 }
 
 
@@ -164,5 +237,10 @@ def __getattr__(name: str):
 
     for module_name, names in _BIG_MODEL_NAMES.items():
         if name in names:
-            return getattr(importlib.import_module(module_name), name)
+            try:
+                return getattr(importlib.import_module(module_name), name)
+            except ModuleNotFoundError as error:
+                if error.name != module_name:
+                    raise
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r} ({module_name} is missing)")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,6 +15,7 @@ carries the hash for free.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import hashlib
@@ -32,6 +33,8 @@ __all__ = [
     "reduce", "send_to_device", "slice_tensors", "find_batch_size", "ignorant_find_batch_size", "is_torch_tensor",
     "is_namedtuple", "honor_type", "find_device", "get_shape", "get_data_structure", "initialize_tensors",
     "TensorInformation", "is_tensor_information", "DistributedOperationException", "CannotPadNestedTensorWarning",
+    "is_torch_xpu_tensor", "verify_operation", "chained_operation", "TENSOR_TYPE_TO_INT", "TENSOR_INT_TO_DTYPE",
+    "gather_tensor_shape", "copy_tensor_to_devices", "pad_input_tensors", "GatheredParameters",
 ]
 
 REDUCTIONS = ("mean", "sum", "max", "min", "none")
@@ -56,6 +59,19 @@ class TensorInformation:
 # --------------------------------------------------------------------------------------------- structure
 def is_torch_tensor(tensor) -> bool:
     return isinstance(tensor, torch.Tensor)
+
+
+def is_torch_xpu_tensor(tensor) -> bool:
+    """Whether ``tensor`` is a tensor on an Intel XPU."""
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
+
+
+# dtype <-> small int, to send a dtype inside an integer tensor (the reference's codes)
+TENSOR_TYPE_TO_INT = {
+    torch.float: 1, torch.double: 2, torch.half: 3, torch.bfloat16: 4, torch.uint8: 5, torch.int8: 6,
+    torch.int16: 7, torch.int32: 8, torch.int64: 9, torch.bool: 10,
+}
+TENSOR_INT_TO_DTYPE = {code: dtype for dtype, code in TENSOR_TYPE_TO_INT.items()}
 
 
 def is_tensor_information(tensor_info) -> bool:
@@ -392,6 +408,40 @@ def _check_same_everywhere(operation: str, data, state, hint: str = "") -> None:
         )
 
 
+def verify_operation(function):
+    """Decorator for a collective taking ``tensor`` first: in debug mode (``PartialState().debug``) on several
+    processes, check first that every process passes the same structure, shapes and dtypes, on the run's
+    device type, and raise ``DistributedOperationException`` on every process, naming each one's inputs,
+    when not. Otherwise the call goes straight through."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        state = _state()
+        if state.use_distributed and state.debug:
+            tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
+            _check_same_everywhere(f"{function.__module__}.{function.__name__}", tensor, state)
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+def chained_operation(function):
+    """Decorator: a ``DistributedOperationException`` raised inside ``function`` is re-raised naming it, with
+    the original error chained."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except DistributedOperationException as error:
+            operation = f"{function.__module__}.{function.__name__}"
+            raise DistributedOperationException(
+                f"Error found while calling `{operation}`. Please see the earlier error for more details."
+            ) from error
+
+    return wrapper
+
+
 # --------------------------------------------------------------------------------------------- collectives
 def _by_dtype_and_device(leaves: list) -> dict:
     groups: dict = {}
@@ -597,3 +647,34 @@ def _exchange_sizes_checked(data, sizes: list, state) -> list:
     _all_gather_flat(all_sizes, rest, state)
     return all_sizes.view(state.num_processes, -1).max(dim=0).values.tolist()
 
+
+
+@contextlib.contextmanager
+def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True):
+    """Gather DeepSpeed ZeRO-3 partitioned ``params`` for the duration of the block
+    (``deepspeed.zero.GatheredParameters``); a no-op context in every other setting, where parameters are
+    whole already."""
+    from ..config.enums import DistributedType
+    from ..state import AcceleratorState
+
+    context = contextlib.nullcontext()
+    state = AcceleratorState() if AcceleratorState._shared_state else None
+    if state is not None and state.distributed_type == DistributedType.DEEPSPEED:
+        plugin = getattr(state, "deepspeed_plugin", None)
+        if plugin is None or plugin.is_zero3_init_enabled():
+            from .imports import require_extra
+
+            deepspeed = require_extra("deepspeed", "GatheredParameters under ZeRO-3")
+            context = deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank, fwd_module=fwd_module,
+                                                        enabled=enabled)
+    with context:
+        yield
+
+
+def __getattr__(name: str):
+    # Pipeline-inference helpers live in pipeline_io.py, which builds on this module.
+    if name in ("gather_tensor_shape", "copy_tensor_to_devices", "pad_input_tensors"):
+        from . import pipeline_io
+
+        return getattr(pipeline_io, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,7 @@ from typing import Union
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["compare_versions", "is_torch_version", "OPERATIONS"]
+__all__ = ["compare_versions", "is_torch_version", "OPERATIONS", "torch_version"]
 
 # The comparison operators a requirement may use, by their usual spelling.
 OPERATIONS = {
@@ -73,3 +73,12 @@ def compare_versions(library_or_version: Union[str, Version], operation: str, re
 def is_torch_version(operation: str, version: str) -> bool:
     """Whether the installed torch satisfies ``torch <operation> version`` (e.g. ``is_torch_version(">=", "2.4")``)."""
     return compare_versions(Version(importlib.metadata.version("torch")), operation, version)
+
+
+def __getattr__(name: str):
+    # ``torch_version``: the installed torch's version (a packaging ``Version``), looked up on first use.
+    if name == "torch_version":
+        value = Version(importlib.metadata.version("torch"))
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

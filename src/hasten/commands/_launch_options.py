@@ -1,0 +1,248 @@
+"""``hasten launch`` flags of backends that are planned but not built yet: TPU, DeepSpeed, FSDP, Megatron-LM, ...
+
+Each group is one backend. ``hasten launch`` accepts every one of Accelerate's flags, so a migrated command
+line parses; a flag of a group that is not ``ready`` ends the launch with ``NotYetSupportedError`` before
+anything starts. When a backend lands, its group is marked ``ready`` and the flags given reach the script as
+the variables its plugin reads: the switch as ``HASTEN_USE_<BACKEND>=true``, each option as
+``HASTEN_<PREFIX><OPTION>`` (``--fsdp_version 2`` -> ``HASTEN_FSDP_VERSION=2``, ``--zero_stage 3`` ->
+``HASTEN_DEEPSPEED_ZERO_STAGE=3``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..utils.environment import env_name
+from ..utils.planned import NotYetSupportedError, not_yet_supported
+
+__all__ = ["Option", "BackendGroup", "BACKEND_GROUPS", "add_backend_options", "given_backend_options",
+           "backend_not_yet_supported", "backend_env"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One flag: ``--name`` (and ``--na-me``), stored in ``dest`` (default: the name)."""
+
+    name: str
+    help: str
+    type: Optional[Callable[[str], Any]] = str
+    action: Optional[str] = None  # "store_true", "store_const", "append"; None: takes one value
+    choices: Optional[tuple] = None
+    dest: Optional[str] = None
+    const: Any = None
+
+
+def _switch(name: str, help: str, dest: Optional[str] = None) -> Option:
+    return Option(name, help, type=None, action="store_true", dest=dest)
+
+
+def _int(name: str, help: str) -> Option:
+    return Option(name, help, type=int)
+
+
+def _float(name: str, help: str) -> Option:
+    return Option(name, help, type=float)
+
+
+def _bool(name: str, help: str) -> Option:
+    return Option(name, help + " (true|false)")
+
+
+@dataclass(frozen=True)
+class BackendGroup:
+    """The flags of one backend, and how to say that it is not there yet."""
+
+    title: str
+    feature: str  # for the error: "<feature> is not yet supported by hasten"
+    meanwhile: str  # what to do instead, for the error
+    options: tuple = field(default_factory=tuple)
+    ready: bool = False
+    env_prefix: str = ""  # options travel as HASTEN_<env_prefix><OPTION>; "" for launch mechanisms (TPU, MPI ...)
+
+
+_MEGATRON = "Megatron-LM's"
+_USE_DDP = "train with DDP (hasten launch -n N) or on one device"
+BACKEND_GROUPS = (
+    BackendGroup("TPU", "Launching on TPUs (torch_xla)", "run on GPUs or the CPU", (
+        _switch("tpu", "launch a TPU training"),
+        _switch("tpu_cluster", "use a GCP TPU pod", dest="tpu_use_cluster"),
+        Option("no_tpu_cluster", "internal to TPU pod launches", type=None, action="store_const", const=False,
+               dest="tpu_use_cluster"),
+        _switch("tpu_use_sudo", "run the script with sudo on each TPU pod worker"),
+        Option("vm", "a Compute VM instance name of the TPU pod (repeatable)", action="append"),
+        Option("env", "an environment variable NAME=VALUE for the TPU pod workers (repeatable)", action="append"),
+        Option("main_training_function", "the function a TPU launch calls in the script (default: main)"),
+        _switch("downcast_bf16", "on TPUs with bf16, cast float64 tensors to bf16 too"),
+    )),
+    BackendGroup("DeepSpeed", "DeepSpeed", _USE_DDP, env_prefix="deepspeed_", options=(
+        _switch("use_deepspeed", "train with DeepSpeed"),
+        Option("deepspeed_config_file", "DeepSpeed config file (JSON)"),
+        _int("zero_stage", "ZeRO optimization stage (0-3)"),
+        Option("offload_optimizer_device", "where to offload optimizer states: none, cpu or nvme"),
+        Option("offload_param_device", "where to offload parameters: none, cpu or nvme"),
+        Option("offload_optimizer_nvme_path", "NVMe path for offloaded optimizer states"),
+        Option("offload_param_nvme_path", "NVMe path for offloaded parameters"),
+        _float("gradient_clipping", "gradient clipping value"),
+        _bool("zero3_init_flag", "build huge models with deepspeed.zero.Init (ZeRO-3)"),
+        _bool("zero3_save_16bit_model", "save 16-bit model weights with ZeRO-3"),
+        Option("deepspeed_hostfile", "DeepSpeed hostfile for multi-machine runs"),
+        Option("deepspeed_exclusion_filter", "DeepSpeed exclusion filter for multi-machine runs"),
+        Option("deepspeed_inclusion_filter", "DeepSpeed inclusion filter for multi-machine runs"),
+        Option("deepspeed_multinode_launcher", "pdsh, standard, openmpi, mvapich, mpich, slurm or nossh"),
+        Option("deepspeed_moe_layer_cls_names", "comma-separated MoE layer class names to wrap"),
+    )),
+    BackendGroup("FSDP", "FSDP", _USE_DDP, env_prefix="fsdp_", options=(
+        _switch("use_fsdp", "train with Fully Sharded Data Parallel"),
+        Option("fsdp_version", "FSDP version, 1 or 2", choices=("1", "2")),
+        _bool("fsdp_offload_params", "offload parameters and gradients to the CPU"),
+        _int("fsdp_min_num_params", "minimum parameters of a module wrapped by the size-based policy"),
+        Option("fsdp_sharding_strategy", "sharding strategy (FSDP1): FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, ..."),
+        Option("fsdp_reshard_after_forward", "reshard after forward: true|false (FSDP2) or a strategy (FSDP1)"),
+        Option("fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP"),
+        Option("fsdp_transformer_layer_cls_to_wrap", "comma-separated layer class names to wrap"),
+        Option("fsdp_backward_prefetch", "backward prefetch policy"),
+        Option("fsdp_state_dict_type", "FULL_STATE_DICT, SHARDED_STATE_DICT or LOCAL_STATE_DICT"),
+        _bool("fsdp_forward_prefetch", "prefetch the next all-gather during forward"),
+        _bool("fsdp_use_orig_params", "allow mixed requires_grad (frozen and trainable parameters)"),
+        _bool("fsdp_cpu_ram_efficient_loading", "load the checkpoint on the first process only"),
+        _bool("fsdp_sync_module_states", "broadcast module states from rank 0"),
+        _bool("fsdp_activation_checkpointing", "recompute activations in backward"),
+        _bool("fsdp_activation_checkpointing_offload", "offload checkpointed activations to pinned CPU memory"),
+    )),
+    BackendGroup("Megatron-LM", "Megatron-LM", _USE_DDP, env_prefix="megatron_lm_", options=(
+        _switch("use_megatron_lm", "train with Megatron-LM"),
+        _int("megatron_lm_tp_degree", f"{_MEGATRON} tensor-parallel degree"),
+        _bool("megatron_lm_use_custom_fsdp", f"{_MEGATRON} custom FSDP"),
+        _bool("megatron_lm_no_load_optim", "do not load the optimizer state"),
+        _bool("megatron_lm_eod_mask_loss", "mask the loss at end-of-document tokens"),
+        _bool("megatron_lm_overlap_cpu_optimizer_d2h_h2d", "overlap the CPU optimizer step with transfers"),
+        _bool("megatron_lm_no_save_optim", "do not save the optimizer state"),
+        _bool("megatron_lm_optimizer_cpu_offload", "offload the optimizer to the CPU"),
+        _bool("megatron_lm_use_precision_aware_optimizer", "use the precision-aware optimizer"),
+        _int("megatron_lm_decoder_last_pipeline_num_layers", "decoder layers of the last pipeline stage"),
+        _int("megatron_lm_pp_degree", f"{_MEGATRON} pipeline-parallel degree"),
+        _int("megatron_lm_num_micro_batches", "micro-batches per pipeline step"),
+        _bool("megatron_lm_sequence_parallelism", "sequence parallelism"),
+        _bool("megatron_lm_recompute_activations", "selective activation recomputation"),
+        _bool("megatron_lm_use_distributed_optimizer", "the distributed optimizer"),
+        _float("megatron_lm_gradient_clipping", "global gradient-norm clipping"),
+        Option("megatron_lm_recompute_granularity", "recomputation granularity: full or selective"),
+        Option("megatron_lm_recompute_method", "recomputation method: uniform or block"),
+        _int("megatron_lm_recompute_num_layers", "layers recomputed per stage"),
+        Option("megatron_lm_attention_backend", "attention backend"),
+        _int("megatron_lm_expert_model_parallel_size", "expert-parallel degree"),
+        _int("megatron_lm_context_parallel_size", "context-parallel degree"),
+        _float("megatron_lm_attention_dropout", "attention dropout"),
+        _float("megatron_lm_hidden_dropout", "hidden dropout"),
+        _bool("megatron_lm_attention_softmax_in_fp32", "attention softmax in fp32"),
+        _int("megatron_lm_expert_tensor_parallel_size", "expert tensor-parallel degree"),
+        _bool("megatron_lm_calculate_per_token_loss", "per-token loss"),
+        _bool("megatron_lm_use_rotary_position_embeddings", "rotary position embeddings"),
+    )),
+    BackendGroup("ParallelismConfig", "N-D parallelism from the launcher (ParallelismConfig)", _USE_DDP,
+                 env_prefix="parallelism_config_", options=(
+        _switch("use_parallelism_config", "configure N-D parallelism from these flags"),
+        _int("parallelism_config_dp_replicate_size", "data-parallel replicas"),
+        _int("parallelism_config_dp_shard_size", "data-parallel shards"),
+        _int("parallelism_config_tp_size", "tensor-parallel degree"),
+        _int("parallelism_config_cp_size", "context-parallel degree"),
+        Option("parallelism_config_cp_backend", "context-parallel backend", choices=("torch",)),
+        Option("parallelism_config_cp_comm_strategy", "context-parallel communication: allgather or alltoall"),
+        _int("parallelism_config_sp_size", "sequence-parallel degree"),
+        Option("parallelism_config_sp_backend", "sequence-parallel backend", choices=("deepspeed",)),
+        Option("parallelism_config_sp_seq_length", "sequence length for sequence parallelism"),
+        _bool("parallelism_config_sp_seq_length_is_variable", "sequences of variable length"),
+        Option("parallelism_config_sp_attn_implementation", "attention implementation for sequence parallelism"),
+    )),
+    BackendGroup("FP8", "FP8 recipe options (--fp8_*)", "use --mixed_precision fp8 with its default recipe",
+                 env_prefix="fp8_", options=(
+        Option("fp8_backend", "FP8 engine", choices=("ao", "te", "msamp")),
+        _switch("fp8_use_autocast_during_eval", "keep FP8 autocast during evaluation"),
+        _int("fp8_margin", "scaling-factor margin"),
+        _int("fp8_interval", "scaling-factor update interval"),
+        Option("fp8_format", "FP8 format", choices=("HYBRID", "E4M3", "E5M2")),
+        _int("fp8_amax_history_len", "amax history length"),
+        Option("fp8_amax_compute_algo", "amax algorithm", choices=("max", "most_recent")),
+        Option("fp8_override_linear_precision", "higher precision for fprop, dgrad, wgrad, e.g. (false,false,true)"),
+        Option("fp8_opt_level", "MS-AMP optimization level", choices=("O1", "O2")),
+        _bool("fp8_enable_fsdp_float8_all_gather", "FP8 all-gather under FSDP2"),
+        _bool("fp8_pad_inner_dim", "pad the inner dimension for FP8 matmuls"),
+    )),
+    BackendGroup("Amazon SageMaker", "Launching on Amazon SageMaker", "launch on the machines with hasten launch", (
+        Option("aws_access_key_id", "AWS access key id for SageMaker"),
+        Option("aws_secret_access_key", "AWS secret access key for SageMaker"),
+    )),
+    BackendGroup("MPI", "Launching with mpirun", "start one `hasten launch` per machine (see docs/launching.md)", (
+        Option("mpirun_hostfile", "hostfile for mpirun (multi-CPU runs)"),
+    )),
+)
+
+
+def _dest(option: Option) -> str:
+    return option.dest or option.name
+
+
+def add_backend_options(parser, add_flag) -> None:
+    """Add every group's flags to ``parser`` (values default to None: "not given")."""
+    for group in BACKEND_GROUPS:
+        state = "" if group.ready else " (not yet supported by hasten)"
+        container = parser.add_argument_group(f"{group.title}{state}")
+        for option in group.options:
+            kwargs = {"default": None, "help": option.help, "dest": _dest(option)}
+            if option.action:
+                kwargs["action"] = option.action
+            if option.action == "store_const":
+                kwargs["const"] = option.const
+            if option.action in (None, "append"):
+                kwargs["type"] = option.type
+                kwargs["metavar"] = None if option.choices else {int: "N", float: "X"}.get(option.type, "VALUE")
+                if option.choices:
+                    kwargs["choices"] = option.choices
+            add_flag(container, option.name, **kwargs)
+
+
+def given_backend_options(args) -> list:
+    """``[(group, ["--flag", ...]), ...]`` for the groups that are not ready and whose flags ``args`` holds."""
+    found = []
+    for group in BACKEND_GROUPS:
+        if group.ready:
+            continue
+        given = {}  # dest -> its flags (--tpu_cluster and --no_tpu_cluster share one)
+        for option in group.options:
+            if getattr(args, _dest(option), None) is not None:
+                given.setdefault(_dest(option), []).append(f"--{option.name}")
+        if given:
+            found.append((group, ["/".join(flags) for flags in given.values()]))
+    return found
+
+
+def backend_not_yet_supported(title: str, flags=()) -> NotYetSupportedError:
+    """The error for the backend group ``title`` (naming ``flags`` when given), with what to do meanwhile."""
+    group = next(group for group in BACKEND_GROUPS if group.title == title)
+    if not flags:
+        return not_yet_supported(group.feature, group.meanwhile)
+    return not_yet_supported(f"{group.feature} ({', '.join(flags)})",
+                             f"{group.meanwhile}; drop {'this flag' if len(flags) == 1 else 'these flags'}")
+
+
+def _env_text(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def backend_env(args) -> dict:
+    """The ``HASTEN_*`` variables that carry the flags of ready groups given in ``args`` to their plugins."""
+    env = {}
+    for group in BACKEND_GROUPS:
+        if not (group.ready and group.env_prefix):
+            continue
+        for index, option in enumerate(group.options):
+            value = getattr(args, _dest(option), None)
+            if value is None:
+                continue
+            dest = _dest(option)
+            switch = index == 0 and dest.startswith("use_")  # --use_fsdp -> HASTEN_USE_FSDP
+            setting = dest if switch or dest.startswith(group.env_prefix) else group.env_prefix + dest
+            env[env_name(setting)] = _env_text(value)
+    return env

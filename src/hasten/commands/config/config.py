@@ -1,0 +1,66 @@
+"""``hasten config``: answer a few questions in the terminal and save them as the config file."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ...config.config_file import default_config_path
+from ...config.enums import ComputeEnvironment
+from .._errors import CommandError
+from .._flags import add_flag
+from .cluster import get_cluster_input
+from .config_utils import _ask_options, _convert_compute_environment
+from .sagemaker import get_sagemaker_input
+
+__all__ = ["config_command_parser", "config_command", "get_user_input", "description", "main"]
+
+# Accelerate's text, kept as the module's public value
+description = ("Launches a series of prompts to create and save a `default_config.yaml` configuration file for your "
+               "training system. Should always be ran first on your machine")
+_DESCRIPTION = ("Answer a few questions about this machine (and the others, for multi-node training) and save the "
+                "answers as a config file that `hasten launch` reads. `hasten config default` writes one without "
+                "questions.")
+
+
+def get_user_input():
+    """Ask where training runs, then the questions for it; the config object."""
+    environment = _ask_options("In which compute environment are you running?",
+                               ["This machine", "AWS (Amazon SageMaker)"], _convert_compute_environment)
+    if environment == ComputeEnvironment.AMAZON_SAGEMAKER:
+        return get_sagemaker_input()
+    return get_cluster_input()
+
+
+def config_command_parser(subparsers=None) -> argparse.ArgumentParser:
+    """``hasten config``'s parser: registered on ``subparsers`` when given, else stand-alone."""
+    if subparsers is not None:
+        parser = subparsers.add_parser("config", help="write a config file (questions, or `default` at once)",
+                                       description=_DESCRIPTION)
+    else:
+        parser = argparse.ArgumentParser("hasten config", description=_DESCRIPTION)
+    add_flag(parser, "config_file", default=None, metavar="PATH",
+             help="where to save (default: the file `hasten launch` reads by default)")
+    if subparsers is not None:
+        parser.set_defaults(func=config_command)
+    return parser
+
+
+def config_command(args) -> int:
+    """Ask the questions (a terminal is needed) and save the answers; 0 when saved."""
+    if not sys.stdin.isatty():
+        raise CommandError("`hasten config` asks questions and needs a terminal. Without one, write a config file "
+                           "with `hasten config default [--config_file PATH] [--mixed_precision bf16]` and edit it.")
+    config = get_user_input()
+    config_file = args.config_file or default_config_path()
+    os.makedirs(os.path.dirname(os.path.abspath(config_file)), exist_ok=True)
+    if config_file.endswith(".json"):
+        config.to_json_file(config_file)
+    else:
+        config.to_yaml_file(config_file)
+    print(f"hasten config: saved {config_file}")
+    return 0
+
+
+def main() -> None:
+    sys.exit(config_command(config_command_parser().parse_args()))

@@ -1,0 +1,81 @@
+"""Accelerate's argument-parser classes: every ``--multi_word`` option also answers to ``--multi-word``.
+
+hasten's own commands declare their flags with ``_flags.add_flag``; these classes give code written against
+``accelerate.commands.utils`` the same behaviour, through the same spelling rule.
+"""
+from __future__ import annotations
+
+import argparse
+
+from ._flags import OneSpellingHelpFormatter, with_both_spellings
+
+__all__ = ["CustomArgumentParser", "CustomArgumentGroup"]
+
+
+def _record_given(action_class):
+    """``action_class`` that also adds its ``dest`` to ``namespace.nondefault`` when the option is given."""
+
+    class Recording(action_class):
+        def __call__(self, parser, namespace, values, option_string=None):
+            super().__call__(parser, namespace, values, option_string)
+            if not hasattr(namespace, "nondefault"):
+                namespace.nondefault = set()
+            namespace.nondefault.add(self.dest)
+
+    Recording.__name__ = action_class.__name__
+    return Recording
+
+
+_ACTIONS = {"store": _record_given(argparse._StoreAction), "store_true": _record_given(argparse._StoreTrueAction),
+            "store_false": _record_given(argparse._StoreFalseAction),
+            "store_const": _record_given(argparse._StoreConstAction)}
+
+
+def _add(add, args, kwargs):
+    """Register an argument with both spellings; value-storing actions record that they were given."""
+    if args and all(isinstance(arg, str) and arg.startswith("-") for arg in args):
+        args = with_both_spellings(args)
+        action = kwargs.get("action", "store")
+        if isinstance(action, str) and action in _ACTIONS:
+            kwargs["action"] = _ACTIONS[action]
+    return add(*args, **kwargs)
+
+
+class CustomArgumentGroup(argparse._ArgumentGroup):
+    """An argument group whose options accept ``-`` and ``_`` spellings (``namespace.nondefault`` lists those given)."""
+
+    def add_argument(self, *args, **kwargs):
+        return _add(super().add_argument, args, kwargs)
+
+
+class CustomArgumentParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose options accept ``-`` and ``_`` spellings, shown once each in ``--help``.
+
+    Options given on the command line are listed in ``namespace.nondefault``, as in Accelerate.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", OneSpellingHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        return _add(super().add_argument, args, kwargs)
+
+    def add_argument_group(self, *args, **kwargs):
+        group = CustomArgumentGroup(self, *args, **kwargs)
+        self._action_groups.append(group)
+        return group
+
+
+def command_parser(add_parser, subparsers=None, func=None) -> argparse.ArgumentParser:
+    """Accelerate's ``<name>_command_parser(subparsers=None)`` built from a hasten ``add_parser(subparsers)``.
+
+    With ``subparsers`` the command is registered there (``func`` becomes its ``args.func``, as in
+    Accelerate); without, it is a parser of its own, named ``hasten <command>``.
+    """
+    if subparsers is None:
+        return add_parser(CustomArgumentParser(prog="hasten").add_subparsers())
+    parser = add_parser(subparsers)
+    if func is not None:
+        parser.set_defaults(func=func)
+    return parser

@@ -1,0 +1,367 @@
+"""``DeepSpeedPlugin`` and ``HfDeepSpeedConfig``: the DeepSpeed ZeRO configuration. Training with it is planned.
+
+Both are real configuration objects: the plugin resolves unset fields from the launcher's environment
+(``HASTEN_DEEPSPEED_<OPTION>``, or ``ACCELERATE_DEEPSPEED_<OPTION>``), validates them, and builds (or fills in) the
+DeepSpeed config dict exactly as Accelerate does, so ``plugin.deepspeed_config`` can be inspected and written out.
+Giving it to ``Accelerator(deepspeed_plugin=...)`` raises ``NotYetSupportedError`` until the DeepSpeed strategy
+lands. deepspeed is never imported here.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import warnings
+from contextlib import contextmanager
+from copy import deepcopy
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+from ..utils.planned import not_yet_supported
+from .env_fields import as_bool, as_choice, as_int, from_env
+
+__all__ = ["HfDeepSpeedConfig", "DeepSpeedPlugin"]
+
+_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+_MEANWHILE = "train with DDP (several processes) or on a single device"
+
+
+class HfDeepSpeedConfig:
+    """A DeepSpeed config dict, read from a dict, a JSON file, a JSON string or base64-encoded JSON, with queries.
+
+    ``get_value("zero_optimization.stage")`` reads a dotted key; ``is_zero3()``, ``is_offload()`` answer the usual
+    questions.
+    """
+
+    def __init__(self, config_file_or_dict):
+        if isinstance(config_file_or_dict, dict):
+            config = deepcopy(config_file_or_dict)  # the caller may reuse theirs: "auto" values get replaced here
+        elif isinstance(config_file_or_dict, (str, os.PathLike)) and os.path.exists(config_file_or_dict):
+            with open(config_file_or_dict, encoding="utf-8") as f:
+                config = json.load(f)
+        else:
+            try:
+                try:
+                    config = json.loads(config_file_or_dict)
+                except json.JSONDecodeError:
+                    config = json.loads(base64.urlsafe_b64decode(config_file_or_dict).decode("utf-8"))
+            except (UnicodeDecodeError, AttributeError, ValueError, TypeError):
+                raise ValueError("Expected the path of an existing DeepSpeed config file, a dict, a JSON string or "
+                                 f"base64-encoded JSON; got {config_file_or_dict!r}.") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"A DeepSpeed config must be a JSON object (a dict), got {type(config).__name__}.")
+        self.config = config
+        self.set_stage_and_offload()
+
+    def set_stage_and_offload(self):
+        self._stage = self.get_value("zero_optimization.stage", -1)
+        self._offload = False
+        if self.is_zero2() or self.is_zero3():
+            devices = {self.get_value("zero_optimization.offload_optimizer.device"),
+                       self.get_value("zero_optimization.offload_param.device")}
+            self._offload = bool(devices & {"cpu", "nvme"})
+
+    def find_config_node(self, ds_key_long):
+        """``(the dict holding the last part of the dotted key, that part)``; ``(None, part)`` when absent."""
+        config = self.config
+        nodes = ds_key_long.split(".")
+        ds_key = nodes.pop()
+        for node in nodes:
+            config = config.get(node)
+            if config is None:
+                return None, ds_key
+        return config, ds_key
+
+    def get_value(self, ds_key_long, default=None):
+        """The value at the dotted key, or ``default`` when it is not set."""
+        config, ds_key = self.find_config_node(ds_key_long)
+        if config is None:
+            return default
+        return config.get(ds_key, default)
+
+    def del_config_sub_tree(self, ds_key_long, must_exist=False):
+        """Remove the sub-tree at the dotted key (an error only if ``must_exist`` and it is absent)."""
+        config, parent, node = self.config, None, None
+        for node in ds_key_long.split("."):
+            parent, config = config, config.get(node)
+            if config is None:
+                if must_exist:
+                    raise ValueError(f"Can't find {ds_key_long} entry in the config: {self.config}")
+                return
+        if parent is not None:
+            parent.pop(node)
+
+    def is_true(self, ds_key_long):
+        """True only when the key is set to a true value."""
+        value = self.get_value(ds_key_long)
+        return False if value is None else bool(value)
+
+    def is_false(self, ds_key_long):
+        """True only when the key is set to a false value."""
+        value = self.get_value(ds_key_long)
+        return False if value is None else not bool(value)
+
+    def is_zero2(self):
+        return self._stage == 2
+
+    def is_zero3(self):
+        return self._stage == 3
+
+    def is_offload(self):
+        return self._offload
+
+
+def _auto_or(parse):
+    return lambda value: "auto" if str(value).strip().lower() == "auto" else parse(value)
+
+
+def _positive_float(what):
+    def parse(value) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{what} must be a number or 'auto', got {value!r}.") from None
+        if isinstance(value, bool) or number < 0:
+            raise ValueError(f"{what} must be a number >= 0 or 'auto', got {value!r}.")
+        return number
+
+    return parse
+
+
+# plugin field -> dotted key of the DeepSpeed config it fills
+_PLUGIN_TO_CONFIG = {
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
+    "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}
+
+
+@dataclass
+class DeepSpeedPlugin:
+    """Options of DeepSpeed ZeRO; each has Accelerate's meaning.
+
+    hf_ds_config: a DeepSpeed config (path, dict, JSON / base64 string or ``HfDeepSpeedConfig``); when given, the
+        fields below only fill its ``"auto"`` values. Otherwise a config is built from them.
+    gradient_accumulation_steps, gradient_clipping: numbers or "auto" (default "auto": taken from the Accelerator).
+    zero_stage: 0, 1, 2 (default) or 3. offload_optimizer_device / offload_param_device: "none", "cpu", "nvme"
+        (with their nvme paths). zero3_init_flag, zero3_save_16bit_model: ZeRO-3 only.
+    transformer_moe_cls_names: comma-separated MoE layer class names (ZeRO-3 leaf modules).
+    enable_msamp, msamp_opt_level ("O1" or "O2"): MS-AMP fp8.
+    """
+
+    hf_ds_config: Any = None
+    gradient_accumulation_steps: int = None
+    gradient_clipping: float = None
+    zero_stage: int = None
+    is_train_batch_min: bool = True
+    offload_optimizer_device: str = None
+    offload_param_device: str = None
+    offload_optimizer_nvme_path: str = None
+    offload_param_nvme_path: str = None
+    zero3_init_flag: bool = None
+    zero3_save_16bit_model: bool = None
+    transformer_moe_cls_names: str = None
+    enable_msamp: bool = None
+    msamp_opt_level: Optional[Literal["O1", "O2"]] = None
+
+    def _env(self, field, default, parse, setting=None):
+        return from_env("DeepSpeedPlugin", field, getattr(self, field), default, parse,
+                        setting=setting or f"deepspeed_{field}")
+
+    def __post_init__(self):
+        what = "DeepSpeedPlugin.{}".format
+        self.gradient_accumulation_steps = self._env(
+            "gradient_accumulation_steps", "auto", _auto_or(as_int(what("gradient_accumulation_steps"), minimum=1)),
+            setting="gradient_accumulation_steps")
+        self.gradient_clipping = self._env("gradient_clipping", "auto", _auto_or(_positive_float(
+            what("gradient_clipping"))), setting="gradient_clipping")
+        self.zero_stage = self._env("zero_stage", 2, as_int(what("zero_stage"), choices=(0, 1, 2, 3)))
+        for device in ("offload_optimizer_device", "offload_param_device"):
+            setattr(self, device, self._env(device, "none", as_choice(what(device), _OFFLOAD_DEVICES)))
+        for path in ("offload_optimizer_nvme_path", "offload_param_nvme_path"):
+            setattr(self, path, self._env(path, "none", str))
+        self.zero3_save_16bit_model = self._env("zero3_save_16bit_model", False,
+                                                as_bool(what("zero3_save_16bit_model")))
+        self.enable_msamp = bool(self.enable_msamp) if self.enable_msamp is not None else (
+            from_env("DeepSpeedPlugin", "enable_msamp", None, "", str, setting="fp8_backend").upper() == "MSAMP")
+        self.msamp_opt_level = self._env("msamp_opt_level", "O1",
+                                         as_choice(what("msamp_opt_level"), ("O1", "O2"), str.upper),
+                                         setting="fp8_opt_level")
+        self.hf_ds_config = self._env("hf_ds_config", "none", lambda value: value, setting="deepspeed_config_file")
+
+        if isinstance(self.hf_ds_config, (dict, HfDeepSpeedConfig)) or (
+                isinstance(self.hf_ds_config, (str, os.PathLike)) and str(self.hf_ds_config) != "none"):
+            self._use_given_config()
+        else:
+            self.hf_ds_config = HfDeepSpeedConfig(self._built_config())
+
+        self.deepspeed_config = self.hf_ds_config.config
+        self.deepspeed_config["steps_per_print"] = float("inf")  # keep DeepSpeed from printing every step
+        self.zero3_init_flag = self._env("zero3_init_flag", self.hf_ds_config.is_zero3(),
+                                         as_bool(what("zero3_init_flag")), setting="deepspeed_zero3_init")
+        if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
+            warnings.warn("zero3_init_flag only applies to ZeRO stage 3: it is set to False.")
+            self.zero3_init_flag = False
+        self._set_selected(False)  # the Accelerator selects its first plugin
+        if self.enable_msamp and "msamp" not in self.deepspeed_config:
+            if self.zero_stage == 3:
+                raise NotImplementedError("MS-AMP does not support ZeRO stage 3: use stage 0, 1 or 2.")
+            self.deepspeed_config["msamp"] = {"enabled": True, "opt_level": self.msamp_opt_level}
+
+    def _use_given_config(self):
+        if not isinstance(self.hf_ds_config, HfDeepSpeedConfig):
+            self.hf_ds_config = HfDeepSpeedConfig(self.hf_ds_config)
+        config = self.hf_ds_config.config
+        config.setdefault("gradient_accumulation_steps", 1)
+        if "zero_optimization" not in config:
+            raise ValueError("The DeepSpeed config has no 'zero_optimization' section: add one (with its 'stage').")
+        self._deepspeed_config_checks()
+        values = {key: getattr(self, field) for field, key in _PLUGIN_TO_CONFIG.items()
+                  if getattr(self, field) is not None}
+        for key in values:
+            self.fill_match(key, **values, must_match=False)
+        self.hf_ds_config.set_stage_and_offload()
+        for field, key in _PLUGIN_TO_CONFIG.items():  # the config file's values win over the defaults
+            value = self.hf_ds_config.get_value(key)
+            if value is not None and value != "auto":
+                setattr(self, field, value)
+
+    def _built_config(self) -> dict:
+        config = {
+            "train_batch_size": "auto",
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "zero_optimization": {
+                "stage": self.zero_stage,
+                "offload_optimizer": {
+                    "device": self.offload_optimizer_device,
+                    "nvme_path": self.offload_optimizer_nvme_path if self.offload_optimizer_device == "nvme" else None,
+                },
+                "offload_param": {
+                    "device": self.offload_param_device,
+                    "nvme_path": self.offload_param_nvme_path if self.offload_param_device == "nvme" else None,
+                },
+                "stage3_gather_16bit_weights_on_model_save": self.zero3_save_16bit_model,
+            },
+        }
+        if self.gradient_clipping:
+            config["gradient_clipping"] = self.gradient_clipping
+        return config
+
+    def fill_match(self, ds_key_long, mismatches=None, must_match=True, **kwargs):
+        """Fill an ``"auto"`` value at the dotted key from ``kwargs``; record a mismatch when both are set."""
+        mismatches = [] if mismatches is None else mismatches
+        config, ds_key = self.hf_ds_config.find_config_node(ds_key_long)
+        if config is None:
+            return
+        if config.get(ds_key) == "auto":
+            if ds_key_long in kwargs:
+                config[ds_key] = kwargs[ds_key_long]
+                return
+            raise ValueError(f"`{ds_key_long}` not found in kwargs. Please specify `{ds_key_long}` without `auto` "
+                             "(set to correct value) in the DeepSpeed config file or pass it in kwargs.")
+        if not must_match:
+            return
+        ds_val = config.get(ds_key)
+        if ds_val is not None and ds_key_long in kwargs and ds_val != kwargs[ds_key_long]:
+            mismatches.append(f"- ds {ds_key_long}={ds_val} vs arg {ds_key_long}={kwargs[ds_key_long]}")
+
+    def is_auto(self, ds_key_long):
+        """Whether the dotted key is set to ``"auto"``."""
+        return self.hf_ds_config.get_value(ds_key_long) == "auto"
+
+    def get_value(self, ds_key_long, default=None):
+        return self.hf_ds_config.get_value(ds_key_long, default)
+
+    def deepspeed_config_process(self, prefix="", mismatches=None, config=None, must_match=True, **kwargs):
+        """Fill every ``"auto"`` value from ``kwargs``; raise listing the values that contradict ``kwargs``."""
+        mismatches = [] if mismatches is None else mismatches
+        if config is None:
+            config = self.deepspeed_config
+        for key, value in config.items():
+            if isinstance(value, dict):
+                self.deepspeed_config_process(prefix=prefix + key + ".", mismatches=mismatches, config=value,
+                                              must_match=must_match, **kwargs)
+            else:
+                self.fill_match(prefix + key, mismatches, must_match=must_match, **kwargs)
+        if mismatches and prefix == "":
+            raise ValueError("Please correct the following DeepSpeed config values that mismatch kwargs values:\n"
+                             + "\n".join(mismatches) + "\nThe easiest method is to set these DeepSpeed config "
+                             "values to 'auto'.")
+
+    def set_mixed_precision(self, mixed_precision):
+        """Enable fp16 or bf16 (bf16 for fp8 too) in the DeepSpeed config, refusing a contradiction."""
+        ds_config = self.deepspeed_config
+        kwargs = {"fp16.enabled": mixed_precision == "fp16", "bf16.enabled": mixed_precision in ("bf16", "fp8")}
+        if mixed_precision == "fp16":
+            ds_config.setdefault("fp16", {"enabled": True, "auto_cast": True})
+        elif mixed_precision in ("bf16", "fp8"):
+            ds_config.setdefault("bf16", {"enabled": True})
+        if mixed_precision == "fp8" and self.enable_msamp:
+            ds_config.setdefault("msamp", {"enabled": True, "opt_level": self.msamp_opt_level})
+        if mixed_precision != "no":
+            other = "bf16" if mixed_precision == "fp16" else "fp16"
+            if str(ds_config.get(other, {}).get("enabled", "False")).lower() == "true":
+                raise ValueError(f"mixed_precision cannot be {mixed_precision!r} when the DeepSpeed config enables "
+                                 f"{other}.")
+        for dtype in ("fp16", "bf16"):
+            ds_config.setdefault(dtype, {"enabled": False})
+        self.fill_match("fp16.enabled", must_match=False, **kwargs)
+        self.fill_match("bf16.enabled", must_match=False, **kwargs)
+
+    def set_deepspeed_weakref(self):
+        raise not_yet_supported("DeepSpeed (DeepSpeedPlugin.set_deepspeed_weakref)", _MEANWHILE)
+
+    def is_zero3_init_enabled(self):
+        return self.zero3_init_flag
+
+    @contextmanager
+    def zero3_init_context_manager(self, enable=False):
+        """Run the block with ``zero3_init_flag`` set to ``enable``."""
+        if self.zero3_init_flag == enable:
+            yield
+            return
+        raise not_yet_supported("DeepSpeed ZeRO-3 init (zero3_init_context_manager)", _MEANWHILE)
+
+    def _deepspeed_config_checks(self):
+        ignored = ["gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+                   "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path",
+                   "zero3_save_16bit_model", "mixed_precision"]
+        fields = from_env("DeepSpeedPlugin", "hf_ds_config", None, "", str, setting="config_ds_fields").split(",")
+        if any(name in ignored for name in fields):
+            raise ValueError(f"With a DeepSpeed config file, these config settings are ignored: {ignored}. Set them "
+                             "in the DeepSpeed config file instead and remove them from the hasten config.")
+
+    def set_moe_leaf_modules(self, model):
+        if self.transformer_moe_cls_names is None:
+            self.transformer_moe_cls_names = from_env("DeepSpeedPlugin", "transformer_moe_cls_names", None, None,
+                                                      str, setting="deepspeed_moe_layer_cls_names")
+        if self.transformer_moe_cls_names is not None:
+            raise not_yet_supported("DeepSpeed MoE leaf modules (set_moe_leaf_modules)", _MEANWHILE)
+
+    def select(self, _from_accelerator_state: bool = False):
+        """Make this the active DeepSpeed configuration (through ``AcceleratorState`` only)."""
+        if not _from_accelerator_state:
+            raise ValueError("A DeepSpeedPlugin is enabled through AcceleratorState().select_deepspeed_plugin(name).")
+        self.set_deepspeed_weakref()
+        self._set_selected(True)
+
+    def _unselect(self):
+        self._set_selected(False)
+
+    def _set_selected(self, value: bool):
+        self._selected = value
+
+    @property
+    def selected(self):
+        return self._selected
+
+    @selected.setter
+    def selected(self, value):
+        raise NotImplementedError("'selected' can only be set through AcceleratorState().select_deepspeed_plugin(key).")
+

@@ -1,0 +1,283 @@
+"""``ParallelismConfig``: the sizes of the data / tensor / context / sequence parallel dimensions, and their handlers.
+
+A real, self-validating dataclass in the spirit of torchtitan's ``ParallelDims``: unset sizes come from the
+launcher's environment (``HASTEN_PARALLELISM_CONFIG_<SIZE>``, or ``ACCELERATE_PARALLELISM_CONFIG_<SIZE>``), then 1.
+``build_device_mesh`` builds the ``torch.distributed.DeviceMesh`` with the named dimensions (``dp_replicate``,
+``dp_shard``, ``cp``, ``sp``, ``tp``, plus the flattened ``dp``, ``dp_shard_cp``, ``dp_cp``); such a mesh can
+already be given to ``prepare_data_loader(torch_device_mesh=...)``. Training with tensor, context or sequence
+parallelism through the Accelerator is planned, not built yet.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Literal, Optional, Union
+
+import torch
+
+from .env_fields import as_bool, as_choice, as_int, from_env
+
+__all__ = [
+    "TorchTensorParallelPlugin", "TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig",
+    "TorchTensorParallelConfig", "ParallelismConfig",
+]
+
+_MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+_SP_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
+
+
+def _setting(owner: str, field: str, value, default, parse, name: Optional[str] = None):
+    return from_env(owner, field, value, default, parse, setting=f"parallelism_config_{name or field}")
+
+
+@dataclass
+class TorchTensorParallelPlugin:
+    """Tensor parallelism with PyTorch DTensor: ``tp_size`` and, optionally, the device mesh to use."""
+
+    tp_size: int = 1
+    torch_device_mesh: Optional["torch.distributed.DeviceMesh"] = None
+
+    def __post_init__(self):
+        self.tp_size = as_int("TorchTensorParallelPlugin.tp_size", minimum=1)(self.tp_size)
+
+
+@dataclass
+class TorchContextParallelConfig:
+    """Context parallelism (FSDP2-based): ``cp_comm_strategy`` is "allgather" (default) or "alltoall"."""
+
+    cp_comm_strategy: Optional[str] = None
+
+    def __post_init__(self):
+        self.cp_comm_strategy = _setting("TorchContextParallelConfig", "cp_comm_strategy", self.cp_comm_strategy,
+                                         "allgather", as_choice("TorchContextParallelConfig.cp_comm_strategy",
+                                                                ("allgather", "alltoall")))
+
+
+@dataclass
+class DeepSpeedSequenceParallelConfig:
+    """DeepSpeed (ALST / Ulysses) sequence parallelism.
+
+    sp_seq_length: the sequence length when every batch has the same one; sp_seq_length_is_variable (default True)
+    allows it to change between batches. sp_attn_implementation: "flash_attention_2", "flash_attention_3", "sdpa"
+    or a hub-hosted flash-attention kernel ("kernels-community/flash-attn2").
+    """
+
+    sp_seq_length: Optional[int] = None
+    sp_seq_length_is_variable: Optional[bool] = None
+    sp_attn_implementation: Optional[str] = None
+
+    def __post_init__(self):
+        owner = "DeepSpeedSequenceParallelConfig"
+        self.sp_seq_length_is_variable = _setting(owner, "sp_seq_length_is_variable", self.sp_seq_length_is_variable,
+                                                  True, as_bool(f"{owner}.sp_seq_length_is_variable"))
+        if self.sp_seq_length is not None or not self.sp_seq_length_is_variable:
+            self.sp_seq_length = _setting(owner, "sp_seq_length", self.sp_seq_length, None,
+                                          lambda v: None if str(v) == "None" else as_int(f"{owner}.sp_seq_length",
+                                                                                          minimum=1)(v))
+        if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
+            raise ValueError("With sp_seq_length_is_variable=False, give sp_seq_length (or set "
+                             "HASTEN_PARALLELISM_CONFIG_SP_SEQ_LENGTH).")
+        self.sp_attn_implementation = _setting(owner, "sp_attn_implementation", self.sp_attn_implementation, None,
+                                               str)
+        attention = self.sp_attn_implementation
+        if attention is not None and attention not in _SP_ATTENTION and not (
+                "/" in attention and "flash-attn" in attention):
+            raise ValueError(f"{owner}.sp_attn_implementation must be one of {list(_SP_ATTENTION)} or a hub-hosted "
+                             f"flash attention kernel (e.g. 'kernels-community/flash-attn2'), got {attention!r} "
+                             "('eager' and 'flex_attention' do not work with sequence parallelism).")
+
+
+@dataclass
+class TorchTensorParallelConfig:
+    """Options of PyTorch tensor parallelism. ``enable_async_tp`` is accepted and ignored (as in Accelerate)."""
+
+    enable_async_tp: bool = False
+
+    def __post_init__(self):
+        if self.enable_async_tp:
+            warnings.warn("Async tensor parallelism is not supported; enable_async_tp is ignored.")
+
+
+@dataclass
+class ParallelismConfig:
+    """The sizes of the parallel dimensions; their product is the number of processes.
+
+    dp_replicate_size: data-parallel replicas (DDP across replicas); dp_shard_size: the FSDP shard group.
+    ``dp_replicate_size == 1, dp_shard_size > 1`` is FSDP; both > 1 is HSDP; pure replication uses DDP without
+    this config. tp_size / cp_size / sp_size: tensor, context (backend "torch") and sequence (backend
+    "deepspeed") parallel sizes; cp and sp exclude each other. The handlers carry each dimension's options.
+    """
+
+    dp_replicate_size: Optional[int] = None
+    dp_shard_size: Optional[int] = None
+    tp_size: Optional[int] = None
+    cp_size: Optional[int] = None
+    cp_backend: Literal["torch"] = None
+    sp_size: Optional[int] = None
+    sp_backend: Literal["deepspeed"] = None
+    tp_handler: Union[None, TorchTensorParallelConfig] = None
+    cp_handler: Union[None, TorchContextParallelConfig] = None
+    sp_handler: Union[None, DeepSpeedSequenceParallelConfig] = None
+
+    device_mesh = None  # built by get_device_mesh (a class attribute, not a field)
+
+    def __post_init__(self):
+        owner = "ParallelismConfig"
+        for dimension in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+            field = f"{dimension}_size"
+            setattr(self, field, _setting(owner, field, getattr(self, field), 1,
+                                          as_int(f"{owner}.{field}", minimum=1)))
+        self.cp_backend = _setting(owner, "cp_backend", self.cp_backend, "torch",
+                                   as_choice(f"{owner}.cp_backend", ("torch",)))
+        self.sp_backend = _setting(owner, "sp_backend", self.sp_backend, "deepspeed",
+                                   as_choice(f"{owner}.sp_backend", ("deepspeed",)))
+        if self.tp_size > 1 and self.tp_handler is None:
+            self.tp_handler = TorchTensorParallelConfig()
+        if self.cp_size > 1:
+            if self.cp_handler is None:
+                self.cp_handler = TorchContextParallelConfig()
+            elif not isinstance(self.cp_handler, TorchContextParallelConfig):
+                raise ValueError(f"cp_backend='torch' needs a TorchContextParallelConfig cp_handler, got "
+                                 f"{type(self.cp_handler).__name__}.")
+        if self.sp_size > 1 and self.sp_handler is None:
+            self.sp_handler = DeepSpeedSequenceParallelConfig()
+        if self.cp_size > 1 and self.sp_size > 1:
+            raise ValueError(f"Context parallelism and sequence parallelism exclude each other: got "
+                             f"cp_size={self.cp_size} and sp_size={self.sp_size}; set one of them to 1.")
+        if (self.tp_size > 1 or self.cp_size > 1) and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
+            raise ValueError("Tensor/context parallelism cannot be combined with pure data-parallel replication "
+                             "(dp_replicate_size > 1, dp_shard_size == 1): set dp_shard_size > 1 (FSDP + TP/CP, or "
+                             "HSDP + TP/CP with dp_replicate_size > 1).")
+        self._sizes = {"dp_replicate": self.dp_replicate_size, "dp_shard": self.dp_shard_size, "tp": self.tp_size,
+                       "cp": self.cp_size, "sp": self.sp_size}
+
+    def to_json(self) -> dict:
+        """The configuration as plain data (the handlers as dicts; the device mesh left out)."""
+        return copy.deepcopy({key: dict(value.__dict__) if hasattr(value, "__dict__") else value
+                              for key, value in self.__dict__.items() if key not in ("device_mesh", "_sizes")})
+
+    @property
+    def dp_dim_names(self):
+        """Enabled dimensions over which data is split."""
+        return [name for name, on in (("dp_replicate", self.dp_replicate_enabled),
+                                      ("dp_shard", self.dp_shard_enabled)) if on]
+
+    @property
+    def non_dp_dim_names(self):
+        """Enabled dimensions whose ranks receive the same batch."""
+        return [name for name, on in (("tp", self.tp_enabled), ("cp", self.cp_enabled), ("sp", self.sp_enabled))
+                if on]
+
+    @property
+    def dp_shard_cp_dim_names(self):
+        """Enabled dimensions flattened into the mesh FSDP shards the model over."""
+        return [name for name, on in (("dp_shard", self.dp_shard_enabled), ("cp", self.cp_enabled)) if on]
+
+    @property
+    def dp_cp_dim_names(self):
+        """Enabled dimensions over which the loss is averaged."""
+        return self.dp_dim_names + (["cp"] if self.cp_enabled else [])
+
+    @property
+    def fsdp_dim_names(self):
+        """Dimensions FSDP is applied over, data-parallel replication included."""
+        return (["dp_replicate"] if self.dp_replicate_enabled else []) + ["dp_shard_cp"]
+
+    @property
+    def total_size(self):
+        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
+
+    @property
+    def non_data_parallel_size(self):
+        return self.tp_size * self.cp_size * self.sp_size
+
+    @property
+    def data_parallel_size(self):
+        return self.dp_replicate_size * self.dp_shard_size
+
+    @property
+    def dp_replicate_enabled(self):
+        return self.dp_replicate_size > 1
+
+    @property
+    def dp_shard_enabled(self):
+        return self.dp_shard_size > 1
+
+    @property
+    def tp_enabled(self):
+        return self.tp_size > 1
+
+    @property
+    def cp_enabled(self):
+        return self.cp_size > 1
+
+    @property
+    def sp_enabled(self):
+        return self.sp_size > 1
+
+    @property
+    def active_mesh_dims(self):
+        return self.dp_dim_names + self.non_dp_dim_names
+
+    def build_device_mesh(self, device_type: str):
+        """The ``DeviceMesh`` of the enabled dimensions (None when none is, or for DeepSpeed sequence parallelism,
+        which builds its own groups). Needs the process group initialised with ``total_size`` processes."""
+        if self.sp_backend == "deepspeed" and self.sp_size > 1:
+            return None
+        mesh = self._get_mesh()
+        if not mesh:
+            return None
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names, shape = mesh
+        world = (torch.distributed.get_world_size() if torch.distributed.is_initialized()
+                 else int(os.environ.get("WORLD_SIZE", "1")))
+        if world != self.total_size:
+            raise ValueError(f"ParallelismConfig.total_size ({self.total_size}) does not match the number of "
+                             f"processes ({world}); adjust the sizes or launch {self.total_size} processes.")
+        device_mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        for joint, dims in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names),
+                            ("dp_cp", self.dp_cp_dim_names)):
+            if dims:
+                device_mesh[tuple(dims)]._flatten(joint)
+        return device_mesh
+
+    def get_device_mesh(self, device_type: Optional[str] = None):
+        """The mesh, built on first use for ``device_type``; a later different ``device_type`` is an error."""
+        if self.device_mesh is None:
+            if device_type is None:
+                raise ValueError("Pass a device_type (e.g. 'cuda' or 'cpu') to build the device mesh.")
+            self.device_mesh = self.build_device_mesh(device_type)
+        elif device_type is not None and self.device_mesh.device_type != device_type:
+            raise ValueError(f"The device mesh was built for {self.device_mesh.device_type!r}, not {device_type!r}.")
+        return self.device_mesh
+
+    def _get_mesh(self) -> tuple:
+        """``(dimension names, sizes)`` of the enabled dimensions in canonical order; ``()`` when none is."""
+        dims = sorted(self.active_mesh_dims, key=_MESH_ORDER.index)
+        return (tuple(dims), tuple(self._sizes[d] for d in dims)) if dims else ()
+
+    def _set_size(self, parallelism: str, size: int):
+        if parallelism not in self._sizes:
+            raise ValueError(f"parallelism must be one of {list(self._sizes)}, got {parallelism!r}.")
+        self._sizes[parallelism] = size
+        setattr(self, f"{parallelism}_size", size)
+
+    def _validate_accelerator(self, accelerator):
+        num_processes = accelerator.num_processes
+        multi_device = getattr(accelerator, "multi_device", num_processes > 1)
+        if not multi_device and self.total_size == 1:
+            return
+        if self.total_size == 1:
+            self._set_size("dp_replicate", num_processes)
+        if not (self.sp_backend == "deepspeed" and self.sp_size > 1) and self.total_size != num_processes:
+            raise ValueError(f"ParallelismConfig total_size ({self.total_size}) does not match num_processes "
+                             f"({num_processes}): adjust dp_replicate_size / dp_shard_size / tp_size / cp_size / "
+                             "sp_size.")
+        ignored = [name for name, size in self._sizes.items()
+                   if size == 1 and getattr(self, f"{name}_handler", None) is not None]
+        if ignored and accelerator.is_main_process:
+            warnings.warn("ParallelismConfig: " + "; ".join(
+                f"{name}_handler is set but {name}_size is 1, so it is ignored" for name in ignored))

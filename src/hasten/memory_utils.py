@@ -1,0 +1,16 @@
+"""Old import path ``accelerate.memory_utils``: its helpers moved to ``hasten.utils.memory``.
+
+Importing it warns (as the reference does) and still gives the two names it used to hold.
+"""
+import warnings
+
+from .utils.memory import find_executable_batch_size, release_memory
+
+__all__ = ["find_executable_batch_size", "release_memory"]
+
+warnings.warn(
+    "hasten.memory_utils is an old import path: import find_executable_batch_size from hasten "
+    "(`from hasten import find_executable_batch_size`) or from hasten.utils.memory.",
+    FutureWarning,
+    stacklevel=2,
+)

@@ -1,0 +1,175 @@
+"""`hasten launch` takes every `accelerate launch` flag: both spellings, shown once in --help; flags of backends
+hasten does not have yet stop the launch before anything starts."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hasten.commands import cli
+from hasten.commands import launch as launch_command
+from hasten.commands._launch_options import BACKEND_GROUPS
+from hasten.commands._launch_plan import build_plan
+from hasten.commands.launch import launch_command_parser
+from hasten.utils.planned import NotYetSupportedError
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("print('hello')\n")
+    return str(path)
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    def refuse(plan):
+        raise AssertionError(f"nothing should have been launched: {plan}")
+
+    monkeypatch.setattr(launch_command, "execute", refuse)
+
+
+def plan_for(argv):
+    args = launch_command_parser().parse_args(argv)
+    return build_plan(args, environ={}, cpu_count=8, count_accelerators=lambda: 0, find_free_port=lambda: 41234,
+                      is_port_in_use=lambda port, host: False)
+
+
+def _options(parser) -> dict:
+    """``{option string: dest}`` of a parser."""
+    return {option: action.dest for action in parser._actions for option in action.option_strings}
+
+
+def _sample(action) -> list:
+    """A value ``action`` accepts on the command line (none for switches)."""
+    if action.nargs == 0:
+        return []
+    if action.choices:
+        return [str(list(action.choices)[0])]
+    return {int: ["1"], float: ["1.0"]}.get(action.type, ["x"])
+
+
+# ------------------------------------------------------------------------------------------ Accelerate's flags
+def test_every_accelerate_launch_flag_is_accepted_with_the_same_destination():
+    accelerate_launch = pytest.importorskip("accelerate.commands.launch")
+    theirs = _options(accelerate_launch.launch_command_parser())
+    ours = _options(launch_command_parser())
+    missing = sorted(option for option in theirs if option not in ours)
+    assert not missing, f"flags of `accelerate launch` that `hasten launch` rejects: {missing}"
+    moved = sorted(f"{option}: {theirs[option]} -> {ours[option]}" for option in theirs
+                   if ours[option] != theirs[option])
+    assert not moved, f"flags stored under another name than Accelerate's: {moved}"
+    dashed = sorted(option for option in theirs if option.startswith("--") and "_" in option
+                    and option.replace("_", "-") not in ours)
+    assert not dashed, dashed
+
+
+def test_every_accelerate_flag_parses_in_both_spellings(script):
+    accelerate_launch = pytest.importorskip("accelerate.commands.launch")
+    parser = launch_command_parser()
+    for action in accelerate_launch.launch_command_parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        for option in {action.option_strings[-1], action.option_strings[0].replace("_", "-")}:
+            if option.startswith("--") or option in action.option_strings:
+                args = parser.parse_args([option, *_sample(action), script])
+                assert getattr(args, action.dest) is not None, option
+
+
+def test_help_shows_each_flag_once_under_its_underscore_spelling(capsys):
+    assert cli.main(["launch", "--help"]) == 0
+    out = capsys.readouterr().out
+    invocations = re.findall(r"^  (-.*?)(?:  |$)", out, re.M)  # the option column of the help
+    shown = [flag for line in invocations for flag in re.findall(r"(?<![\w-])(--?[\w-]+)", line)]
+    assert len(shown) == len(set(shown)), "a flag is listed twice"
+    for action in launch_command_parser()._actions:
+        for option in action.option_strings:
+            twin = "--" + option[2:].replace("-", "_")
+            if option.startswith("--") and twin != option and twin in action.option_strings:
+                assert option not in shown, f"{option} (the dashed twin of {twin}) is shown"
+            else:
+                assert option in shown, f"{option} is not shown"
+
+
+def test_accepted_flags_without_an_effect_and_torchrun_passthrough(script):
+    plan = plan_for(["-q", "--quiet", "--same_network", "--same-network", "--multi_gpu", "-n", "2", "--role",
+                     "trainer", script])
+    from torch.distributed import run as torchrun
+
+    parsed = torchrun.parse_args(plan.torchrun_args)
+    assert parsed.role == "trainer" and parsed.nproc_per_node == "2"
+
+
+def test_equals_forms_parse(script):
+    args = launch_command_parser().parse_args(["--num-processes=3", "--mixed_precision=bf16", "--nnodes=1", script])
+    assert (args.num_processes, args.mixed_precision, args.num_machines) == (3, "bf16", "1")
+
+
+# ------------------------------------------------------------------------------------------ backends not there yet
+def _backend_cases():
+    for group in BACKEND_GROUPS:
+        for option in group.options:
+            yield pytest.param(group, option, id=f"--{option.name}")
+
+
+@pytest.mark.parametrize("group, option", list(_backend_cases()))
+def test_each_backend_flag_is_not_yet_supported_before_anything_starts(script, group, option):
+    parser = launch_command_parser()
+    action = next(action for action in parser._actions if f"--{option.name}" in action.option_strings)
+    argv = [f"--{option.name}", *_sample(action), script]
+    with pytest.raises(NotYetSupportedError) as error:
+        plan_for(argv)
+    message = str(error.value)
+    assert group.feature in message and f"--{option.name}" in message and "not yet supported" in message
+
+
+def test_the_command_line_reports_a_backend_flag_and_launches_nothing(script, no_launch, capsys):
+    assert cli.main(["launch", "--use-fsdp", "--fsdp_version", "2", "-n", "2", script]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hasten launch: error: FSDP (--use_fsdp, --fsdp_version) is not yet supported")
+    assert "Meanwhile: train with DDP" in err
+    assert cli.main(["launch", "--deepspeed_config_file", "ds.json", script]) == 2
+    assert "DeepSpeed (--deepspeed_config_file)" in capsys.readouterr().err
+    assert cli.main(["launch", "--main_training_function", "main", script]) == 2
+    assert "TPUs" in capsys.readouterr().err
+    assert cli.main(["launch", "--mpirun_hostfile", "hosts", script]) == 2
+    assert "mpirun" in capsys.readouterr().err
+
+
+def test_backend_flags_are_checked_before_the_other_settings_and_the_script(tmp_path, no_launch, capsys):
+    assert cli.main(["launch", "--use_megatron_lm", "--mixed_precision", "fp7", str(tmp_path / "missing.py")]) == 2
+    assert "Megatron-LM (--use_megatron_lm) is not yet supported" in capsys.readouterr().err
+
+
+def test_accelerate_launcher_names_route_to_hasten(script, monkeypatch):
+    ran = []
+    monkeypatch.setattr(launch_command, "execute", lambda plan: ran.append(plan) or 0)
+    args = launch_command_parser().parse_args(["-n", "1", script])
+    assert launch_command.launch_command(args) == 0 and launch_command.simple_launcher(args) == 0
+    assert launch_command.multi_gpu_launcher(args) == 0 and len(ran) == 3
+    for name in ("deepspeed_launcher", "tpu_launcher", "tpu_pod_launcher"):
+        with pytest.raises(NotYetSupportedError):
+            getattr(launch_command, name)(args)
+    with pytest.raises(NotYetSupportedError, match="SageMaker"):
+        launch_command.sagemaker_launcher(None, args)
+    assert launch_command.clean_option("--num-processes") == "num_processes"
+    assert launch_command.clean_option("--fp8-backend=te") == "fp8_backend" and launch_command.clean_option("x") is None
+    assert launch_command.options_to_group["use_fsdp"] == "FSDP"
+
+
+def test_when_a_backend_lands_its_flags_reach_the_plugin_variables(script, monkeypatch):
+    """Marking a group ready is all it takes: the flags become the HASTEN_* variables its plugin reads."""
+    import dataclasses
+
+    from hasten.commands import _launch_options
+
+    ready = tuple(dataclasses.replace(group, ready=group.title in ("FSDP", "DeepSpeed"))
+                  for group in _launch_options.BACKEND_GROUPS)
+    monkeypatch.setattr(_launch_options, "BACKEND_GROUPS", ready)
+    plan = plan_for(["--use_fsdp", "--fsdp_version", "2", "--fsdp_offload_params", "true", "--zero_stage", "3",
+                     "--deepspeed_config_file", "ds.json", "-n", "2", script])
+    assert {key: value for key, value in plan.env.items() if key.startswith("HASTEN_")} == {
+        "HASTEN_USE_FSDP": "true", "HASTEN_FSDP_VERSION": "2", "HASTEN_FSDP_OFFLOAD_PARAMS": "true",
+        "HASTEN_DEEPSPEED_ZERO_STAGE": "3", "HASTEN_DEEPSPEED_CONFIG_FILE": "ds.json"}
+    with pytest.raises(NotYetSupportedError, match="Megatron-LM"):
+        plan_for(["--use_megatron_lm", script])
