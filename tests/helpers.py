@@ -27,7 +27,7 @@ def _one_multiprocess_job_at_a_time():
 def clean_env(**extra) -> dict:
     """The current environment without launcher variables (so a test is never 'already launched')."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("HASTEN_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+           if not k.startswith(("HASTEN_", "ACCELERATE_", "SLURM_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                                          "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     env.update({k: str(v) for k, v in extra.items()})

@@ -27,7 +27,7 @@ UTILS_SUBMODULES = ("dataclasses operations modeling offload memory random other
 TOP_MODULES = ("hooks big_modeling data_loader state optimizer scheduler logging launchers local_sgd tracking "
                "inference parallelism_config memory_utils checkpointing test_utils accelerator").split()
 # Modules that scripts import the package's main names from (``from accelerate.accelerator import
-# DataLoaderConfiguration``): every top-level ``accelerate`` name they hold counts as public there too.
+# DataLoaderConfiguration``): every main name they hold (see _is_top_level_name) counts as public there.
 MAIN_NAME_MODULES = ("accelerate.accelerator", "accelerate.state")
 _P = inspect.Parameter
 _POSITIONAL = (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)
@@ -86,7 +86,13 @@ def public_names(module) -> dict[str, object]:
 
 
 def _is_top_level_name(name: str) -> bool:
-    return not isinstance(getattr(accelerate, name, types), types.ModuleType)
+    """Whether ``name`` is a main name: exported by ``accelerate``, or a class ``accelerate.utils`` exports
+    (configuration classes, plugins and enums, which scripts import from wherever they see them)."""
+    import accelerate.utils
+
+    if hasattr(accelerate, name):
+        return not isinstance(getattr(accelerate, name), types.ModuleType)
+    return inspect.isclass(getattr(accelerate.utils, name, None))
 
 
 def hasten_path(path: str) -> str:

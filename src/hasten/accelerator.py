@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import importlib
 import sys
 import warnings
 import weakref
@@ -20,20 +21,13 @@ from torch import nn
 from .accumulation import GradientAccumulator
 from .compile import apply_dynamo_plugin, remove_regional_compilation
 from .config.accelerator_settings import SPLIT_BATCHES_UNSET, resolve_accelerator_settings
-from .config.data import DataLoaderConfiguration
-from .config.deepspeed import DeepSpeedPlugin
-from .config.enums import DistributedType
-from .config.fsdp import FullyShardedDataParallelPlugin
-from .config.kwargs import (AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs,
-                            ProfileKwargs)
-from .config.parallelism import ParallelismConfig
-from .data.resume import skip_first_batches
+from .config.kwargs import AutocastKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs
 from .evaluation import gather_for_metrics as _gather_for_metrics
 from .logging import get_logger
 from .optimizer import AcceleratedOptimizer
 from .precision import MixedPrecision
 from .scheduler import AcceleratedScheduler
-from .state import AcceleratorState, GradientState, PartialState
+from .state import AcceleratorState, GradientState
 from .strategies import select_strategy
 from .utils import operations
 from .utils.memory import release_memory
@@ -41,11 +35,34 @@ from .utils.planned import not_yet_supported
 from .utils.serialization import save as _save
 
 __all__ = ["Accelerator"]
-# Also importable from here, as scripts written for Accelerate do (``from accelerate.accelerator import ...``).
-_MAIN_NAMES = (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
-               DistributedDataParallelKwargs, ParallelismConfig, PartialState, skip_first_batches)
+
+# Names scripts written for Accelerate also import from this module (``from accelerate.accelerator import
+# DataLoaderConfiguration``); they resolve, lazily, to hasten's own objects.
+_ALSO_IMPORTABLE_HERE = (
+    "DataLoaderConfiguration", "DeepSpeedPlugin", "DistributedType", "FullyShardedDataParallelPlugin",
+    "DistributedDataParallelKwargs", "ParallelismConfig", "PartialState", "skip_first_batches",
+    "AORecipeKwargs", "DynamoBackend", "FP8RecipeKwargs", "GradientAccumulationPlugin", "KwargsHandler",
+    "LoggerType", "MegatronLMPlugin", "MSAMPRecipeKwargs", "PrecisionType", "ProjectConfiguration", "RNGType",
+    "TERecipeKwargs", "TorchDynamoPlugin", "TorchTensorParallelPlugin",
+)
+
+
+def __getattr__(name: str):
+    if name in _ALSO_IMPORTABLE_HERE:
+        from . import utils
+
+        return getattr(utils, name, None) or getattr(importlib.import_module("hasten"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _LR_SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def _precision_for_state(asked: Optional[str], resolved: str) -> Optional[str]:
+    """What the shared state is created with: a second Accelerator that does not ask for a precision itself keeps
+    the one the run already has (as in the reference), instead of conflicting with it."""
+    if asked is None and AcceleratorState._shared_state:
+        return None
+    return resolved
 
 
 def _main_process_only(method):
@@ -93,7 +110,8 @@ class Accelerator:
         if InitProcessGroupKwargs in self.handlers:
             init_kwargs = {k: v for k, v in self.handlers[InitProcessGroupKwargs].to_kwargs().items() if v is not None}
         self.state = AcceleratorState(
-            mixed_precision=settings.mixed_precision, cpu=settings.cpu, dynamo_plugin=settings.dynamo_plugin,
+            mixed_precision=_precision_for_state(mixed_precision, settings.mixed_precision), cpu=settings.cpu,
+            dynamo_plugin=settings.dynamo_plugin,
             deepspeed_plugin=deepspeed_plugin or deepspeed_plugins, fsdp_plugin=fsdp_plugin,
             torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin, _from_accelerator=True,
             **init_kwargs,
@@ -306,6 +324,23 @@ class Accelerator:
         from .config.fp8 import FP8BackendType
 
         return FP8BackendType.NO
+
+    def __getstate__(self) -> dict:
+        # The set of prepared objects holds weak references, which do not pickle; it is rebuilt from the
+        # prepared objects the Accelerator keeps (so they still come back unchanged from prepare()).
+        state = self.__dict__.copy()
+        state.pop("_prepared", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._prepared = weakref.WeakSet()
+        for group in (self._models, self._optimizers, self._schedulers, self._dataloaders):
+            for prepared in group:
+                try:
+                    self._prepared.add(prepared)
+                except TypeError:  # not weak-referenceable: it will simply be prepared again if given again
+                    pass
 
     def __repr__(self) -> str:
         return f"Accelerator({self.strategy!r}, mixed_precision={self.mixed_precision!r})"
@@ -659,26 +694,41 @@ class Accelerator:
         joinables = list(joinables)
         # DDP models and other torch Joinables (also behind torch.compile, which forwards their attributes)
         usable = [joinable for joinable in joinables if callable(getattr(joinable, "join_hook", None))]
-        if not self.use_distributed or len(usable) < len(joinables):
+        if not self.multi_device:  # a single process, or a sharded backend that has no Join support
+            usable = []
             warnings.warn(
                 "join_uneven_inputs has no effect " + (
                     "with a single process." if not self.use_distributed else
-                    f"on {', '.join(type(j).__name__ for j in joinables if j not in usable)}: only "
-                    "DistributedDataParallel models (and other torch Joinables) can join uneven inputs."),
+                    f"with distributed_type={self.distributed_type}: joining uneven inputs is only supported for "
+                    "multi-GPU / multi-process DDP training."),
+                stacklevel=3,
+            )
+        elif len(usable) < len(joinables):
+            warnings.warn(
+                f"join_uneven_inputs has no effect on {', '.join(type(j).__name__ for j in joinables if j not in usable)}"
+                ": only DistributedDataParallel models (and other torch Joinables) can join uneven inputs.",
                 stacklevel=3,
             )
         samplers = []
         if even_batches is not None:
             from .data_loader import DataLoaderDispatcher
 
+            loaders = [loader for loader in self._dataloaders
+                       if not isinstance(loader, DataLoaderDispatcher)]  # dispatch reads on one process only
             samplers = [(sampler, sampler.even_batches) for sampler in
-                        (getattr(loader, "batch_sampler", None) for loader in self._dataloaders
-                         if not isinstance(loader, DataLoaderDispatcher))  # dispatch reads on one process only
+                        (getattr(loader, "batch_sampler", None) for loader in loaders)
                         if hasattr(sampler, "even_batches")]
+            if any(isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset)
+                   for loader in self._dataloaders):
+                warnings.warn(
+                    f"join_uneven_inputs(even_batches={even_batches}): overriding even_batches is only supported for "
+                    "map-style datasets; prepared loaders over iterable datasets keep their own setting "
+                    "(DataLoaderConfiguration(even_batches=...)).", UserWarning, stacklevel=3,
+                )
             for sampler, _ in samplers:
                 sampler.even_batches = even_batches
         try:
-            if self.use_distributed and usable:
+            if usable:
                 with Join(usable):
                     yield
             else:

@@ -63,10 +63,31 @@ class ThreadLocalSharedDict(threading.local):
 SharedDict = ThreadLocalSharedDict if is_torch_xla_available() else dict
 
 
+# Names scripts written for Accelerate also import from this module; they resolve lazily to hasten's own.
+_ALSO_IMPORTABLE_HERE = ("DynamoBackend", "GradientAccumulationPlugin", "SageMakerDistributedType")
+
+
+def __getattr__(name: str):
+    if name in _ALSO_IMPORTABLE_HERE:
+        from . import utils
+
+        return getattr(utils, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _attach_shared_state(self, pickled: dict) -> None:
+    """Unpickling a state object joins this process's shared state (filling it from the pickle when there is
+    none yet), so an unpickled Accelerator sees the live state, not a detached copy."""
+    self.__dict__ = self._shared_state
+    if not self._shared_state:
+        self._shared_state.update(pickled)
+
+
 def _reset_error(owner: str, name: str) -> AttributeError:
     """The error for an object whose shared state was cleared by ``_reset_state()`` after it was made."""
+    # The first two phrases are the reference's wording, which scripts' own tests match on.
     return AttributeError(
-        f"`{owner}` has no attribute {name!r}: the shared state was reset (`{owner}._reset_state()`) after "
+        f"`{owner}` object has no attribute `{name}`. This happens if `{owner}._reset_state()` was called after "
         "this object, or the Accelerator holding it, was created. After resetting, create a new Accelerator() (or "
         f"create `{owner}()`) and use it instead of the old one."
     )
@@ -124,6 +145,7 @@ class PartialState:
     """
 
     _shared_state = SharedDict()
+    __setstate__ = _attach_shared_state
     _known_attrs = [
         "_cpu", "backend", "device", "distributed_type", "num_processes", "process_index",
         "local_process_index", "fork_launched", "debug",
@@ -383,6 +405,7 @@ class AcceleratorState:
     """
 
     _shared_state = SharedDict()
+    __setstate__ = _attach_shared_state
     _known_attrs = PartialState._known_attrs + ["mixed_precision", "dynamo_plugin", "deepspeed_plugins", "fsdp_plugin",
                                                 "megatron_lm_plugin"]
 
@@ -501,8 +524,9 @@ class AcceleratorState:
         self._partial.print(*args, **kwargs)
 
     def destroy_process_group(self, group=None) -> None:
-        """Tear down the process group (at the end of a run); safe to call when none exists."""
-        self._partial.destroy_process_group(group)
+        """Tear down the process group (at the end of a run); safe to call when none exists, and on a state
+        object kept across ``_reset_state()`` (the process group outlives the reset)."""
+        PartialState().destroy_process_group(group)
 
     def __getattr__(self, name: str):
         # Process facts (device, ranks, collectives) live in PartialState; answer them from there.
@@ -521,6 +545,7 @@ class GradientState:
     """Gradient-accumulation and data-loader progress, shared by the Accelerator, loaders and scheduler."""
 
     _shared_state = SharedDict()
+    __setstate__ = _attach_shared_state
 
     def __init__(self, gradient_accumulation_plugin=None):
         self.__dict__ = self._shared_state

@@ -61,7 +61,9 @@ def resolve_load_folder(project_configuration, input_dir) -> Path:
                 raise CheckpointNotFoundError(f"Cannot load the state from {folder}: the folder does not exist.")
             return folder
 
-        return agreed_folder(pick)
+        agreed = agreed_folder(pick)
+        # A process given a folder other than the main process's loads its own (it saved a whole copy there).
+        return together("finding the checkpoint folder", lambda: agreed if agreed == folder else pick())
     if project_configuration.automatic_checkpoint_naming:
         root = checkpoints_root(project_configuration)
         return agreed_folder(lambda: require_newest_complete_checkpoint(root))

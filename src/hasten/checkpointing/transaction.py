@@ -3,7 +3,8 @@
 The main process writes the files every process shares (models, optimizers, schedulers, scaler, registered
 objects) and completes the save (marker, rename); every process writes its own random states and loader
 positions into the same staging folder. With ``save_on_each_node`` the main process of every machine that
-does not see the main process's folder (no shared file system) does the same on its own disk.
+does not see the main process's folder (no shared file system) does the same on its own disk, and so does a
+process that was given a folder other than the main process's.
 
 Each step ends with every process agreeing (``agreement.together``), so a failure anywhere stops all of
 them with an error, and the staging folder of a failed save is removed.
@@ -59,7 +60,8 @@ class SaveTransaction:
         token = [uuid.uuid4().hex if self.state.is_main_process else None]
         if self.state.use_distributed:
             broadcast_object_list(token)
-        main = self.state.is_main_process
+        own_folder = self._own_folder()  # collective: every process takes part
+        main = self.state.is_main_process or own_folder
         together("preparing the checkpoint folder", lambda: self._claim(token[0]) if main else None)
         if self.save_on_each_node and self.state.is_local_main_process and not self.state.is_main_process:
             # another machine: claim a folder of its own unless it shares the main process's file system
@@ -67,6 +69,17 @@ class SaveTransaction:
         elif self.save_on_each_node:
             together("preparing the checkpoint folder", lambda: None)
         together("preparing the checkpoint folder", self._check_visible)
+
+    def _own_folder(self) -> bool:
+        """Whether this process was given a folder other than the main process's (each process saving into a
+        temporary folder of its own, as some scripts do): it then writes a complete checkpoint there itself."""
+        if not self.state.use_distributed:
+            return False
+        folders = [None]
+        if self.state.is_main_process:
+            folders[0] = str(self.final)
+        broadcast_object_list(folders)
+        return folders[0] != str(self.final)
 
     def _check_visible(self) -> None:
         if not self.staging.is_dir():
