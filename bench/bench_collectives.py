@@ -1,11 +1,12 @@
-"""Latency of hasten's collectives vs the raw torch.distributed calls vs Accelerate, on 2 processes.
+"""Latency of hasten's collectives, checked (the default) and unchecked, vs raw torch.distributed vs Accelerate.
 
     python bench/bench_collectives.py            # launches itself on 2 processes (hasten launch)
     python bench/bench_collectives.py --json out.json
 
-Also measures what the debug-mode mismatch check costs, against the raw collective and against one step of a
-small DDP training loop, which decides whether the check may be on by default (rule: on only when it costs
-under 2% of such a step; see docs/debugging.md).
+hasten's collectives check by default that every process passed matching inputs (one small header
+all-gather, or none where the call exchanges sizes anyway; see docs/debugging.md). This measures that check
+per call, and as a share of a realistic evaluation loop: examples/demo.py's evaluation (prepared model and
+uneven evaluation loader, `gather_for_metrics` of predictions and labels per batch).
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = Path(os.environ.get("HASTEN_TEST_LOCK", "/tmp/hasten-multiprocess-tests.lock"))
-DEFAULT_BUDGET = 0.02  # the check may stay on by default when it costs less than this share of a small step
 
 
 def relaunch(argv: list[str], processes: int) -> int:
@@ -34,7 +34,8 @@ def relaunch(argv: list[str], processes: int) -> int:
 
 
 def timer(variants: dict, calls: int, repeats: int) -> dict:
-    """Median over ``repeats`` of the mean time of one call (microseconds) of each variant.
+    """Per variant: the median over ``repeats`` of the mean time of one call (microseconds), the median of
+    the paired ratios to the first variant (same repeat), and the samples.
 
     Variants take turns within every repeat, so a slow spell of the machine hits them all alike; the ranks
     start each timing together.
@@ -43,7 +44,7 @@ def timer(variants: dict, calls: int, repeats: int) -> dict:
 
     samples = {name: [] for name in variants}
     for fn in variants.values():
-        for _ in range(10):
+        for _ in range(3):
             fn()
     for _ in range(repeats):
         for name, fn in variants.items():
@@ -52,18 +53,26 @@ def timer(variants: dict, calls: int, repeats: int) -> dict:
             for _ in range(calls):
                 fn()
             samples[name].append((time.perf_counter() - start) / calls * 1e6)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    base = next(iter(samples.values()))
+    return {name: (statistics.median(values), statistics.median(v / b for v, b in zip(values, base)), values)
+            for name, values in samples.items()}
 
 
-def with_debug(state, fn, debug: bool):
-    """``fn`` run with hasten's mismatch check switched on or off."""
+def paired(a: list, b: list) -> float:
+    """Median of the ratios a/b of samples taken in the same repeat."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def checks(fn, on: bool):
+    """``fn`` run with hasten's agreement checks switched on or off."""
+    from hasten.utils.operations import set_collective_checks
 
     def call():
-        state.debug = debug
+        set_collective_checks(on)
         try:
             return fn()
         finally:
-            state.debug = False
+            set_collective_checks(None)
 
     return call
 
@@ -74,6 +83,7 @@ def main(args) -> None:
 
     from hasten.state import PartialState
     from hasten.utils import operations as ops
+    from hasten.utils import collective_check as cc
 
     state = PartialState()
     rank, world, device = state.process_index, state.num_processes, state.device
@@ -88,10 +98,12 @@ def main(args) -> None:
     gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
     x = torch.randn(64, 16, device=device)
+    xl = torch.randn(512, 16, device=device)
     batch = {"logits": torch.randn(64, 16, device=device), "labels": torch.randint(0, 9, (64,), device=device),
              "mask": torch.ones(64, 8, device=device), "ids": torch.arange(64, device=device)}
     uneven = torch.randn(60 + rank, 16, device=device)
     uneven_batch = {k: v[: 60 + rank] for k, v in batch.items()}
+    metrics = (torch.randint(0, 2, (50,), device=device), torch.randint(0, 2, (50,), device=device))
 
     def raw_gather(tensor):
         out = torch.empty(world * tensor.numel(), dtype=tensor.dtype, device=device)
@@ -112,10 +124,29 @@ def main(args) -> None:
         dist.all_reduce(out)
         return out / world
 
-    cases = {
+    def raw_broadcast(tensor):
+        dist.broadcast(tensor, src=0)
+        return tensor
+
+    def raw_objects(obj):
+        out = [None] * world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def raw_broadcast_objects(objects):
+        dist.broadcast_object_list(objects, src=0)
+        return objects
+
+    payload = [{"id": i, "text": f"sample {i}"} for i in range(16)]
+    cases = {  # name: (raw torch, hasten, Accelerate or None)
         "gather 64x16": (lambda: raw_gather(x), lambda: ops.gather(x), ref and (lambda: ref.gather(x))),
+        "gather 512x16 (32 KiB: header + data)": (lambda: raw_gather(xl), lambda: ops.gather(xl),
+                                                   ref and (lambda: ref.gather(xl))),
         "gather dict of 4": (lambda: {k: raw_gather(v) for k, v in batch.items()}, lambda: ops.gather(batch),
                              ref and (lambda: ref.gather(batch))),
+        "gather_for_metrics 2x50 (hasten=gather path)": (lambda: [raw_gather(t) for t in metrics],
+                                                        lambda: ops._gather(metrics, "gather_for_metrics"),
+                                                        ref and (lambda: ref.gather(metrics))),
         "pad_across_processes 6Xx16": (lambda: raw_pad(uneven), lambda: ops.pad_across_processes(uneven),
                                        ref and (lambda: ref.pad_across_processes(uneven))),
         "pad_across_processes dict of 4": (lambda: {k: raw_pad(v) for k, v in uneven_batch.items()},
@@ -125,65 +156,124 @@ def main(args) -> None:
         "reduce sum dict of 4 floats": (lambda: {k: raw_reduce(v.float()) for k, v in batch.items()},
                                         lambda: ops.reduce({k: v.float() for k, v in batch.items()}, "sum"),
                                         ref and (lambda: ref.reduce({k: v.float() for k, v in batch.items()}, "sum"))),
+        "broadcast 64x16": (lambda: raw_broadcast(x), lambda: ops.broadcast(x), ref and (lambda: ref.broadcast(x))),
+        "gather_object list of 16 dicts": (lambda: raw_objects(payload), lambda: ops.gather_object(payload),
+                                           ref and (lambda: ref.gather_object(payload))),
+        "broadcast_object_list 16 dicts": (lambda: raw_broadcast_objects(list(payload)),
+                                           lambda: ops.broadcast_object_list(list(payload)),
+                                           ref and (lambda: ref.broadcast_object_list(list(payload)))),
     }
     rows = []
     for name, (raw, ours, theirs) in cases.items():
-        variants = {"raw_us": raw, "hasten_us": with_debug(state, ours, False),
-                    "hasten_debug_us": with_debug(state, ours, True)}
+        variants = {"raw": raw, "unchecked": checks(ours, False), "checked": checks(ours, True)}
         if theirs:
-            variants["accelerate_us"] = theirs
-        rows.append({"case": name, "accelerate_us": None, **timer(variants, calls, repeats)})
+            variants["accelerate"] = theirs
+        timed = timer(variants, calls, repeats)
+        rows.append({"case": name, **{f"{k}_us": v[0] for k, v in timed.items()},
+                     **{f"{k}_vs_raw": v[1] for k, v in timed.items()},
+                     "checked_vs_unchecked": paired(timed["checked"][2], timed["unchecked"][2])})
 
-    description = ops._describe(batch, ops._full_leaf)
-    check = timer({"check": with_debug(state, lambda: ops._check_same_everywhere("gather", batch, state), True),
-                   "hash": lambda: ops._signature(ops._describe(batch, ops._full_leaf))}, calls, repeats)
-    check_us, hash_us = check["check"], check["hash"]
+    # uneven first dimension: hasten's gather takes it as it is; the others need pad, gather, trim
+    def pad_gather_trim(gather_fn, pad_fn, tensor):
+        sizes = gather_fn(torch.tensor([tensor.shape[0]], device=device)).tolist()
+        padded = gather_fn(pad_fn(tensor)).view(world, -1, *tensor.shape[1:])
+        return torch.cat([padded[r, :size] for r, size in enumerate(sizes)])
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    inputs, targets = torch.randn(32, 128, device=device), torch.randint(0, 10, (32,), device=device)
+    variants = {"raw": lambda: pad_gather_trim(raw_gather, raw_pad, uneven),
+                "checked": checks(lambda: ops.gather(uneven), True)}
+    if ref:
+        variants["accelerate"] = lambda: pad_gather_trim(ref.gather, ref.pad_across_processes, uneven)
+    timed = timer(variants, calls, repeats)
+    rows.append({"case": "gather 6Xx16, uneven dim 0", **{f"{k}_us": v[0] for k, v in timed.items()},
+                 **{f"{k}_vs_raw": v[1] for k, v in timed.items()}})
 
-    def train_step():
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(inputs), targets).backward()
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    check = timer({"check": lambda: cc.check_same_everywhere("gather", batch, state),  # header only, no data
+                   "hash": lambda: cc.signature(cc.describe(batch, cc.gather_leaf))}, calls, repeats)
+    check_us, hash_us = check["check"][0], check["hash"][0]
 
-    step_us = timer({"step": train_step}, calls, repeats)["step"]
+    evaluation = evaluation_share(args, device)
 
     if rank == 0:
         print(f"{world} processes, backend {state.backend}, device {device}; median us per call "
-              f"({repeats} x {calls} calls)")
-        print(f"{'case':32} {'raw':>8} {'hasten':>8} {'debug':>8} {'accel.':>8} {'hasten/raw':>10} {'hasten/acc':>10}")
+              f"({repeats} x {calls} calls); x: median of paired ratios to raw torch")
+        print(f"{'case':44} {'raw':>7} {'unchecked':>16} {'checked':>16} {'accelerate':>16} {'chk/unchk':>9}")
+
+        def cell(row, key):
+            if row.get(f"{key}_us") is None:
+                return f"{'-':>16}"
+            return f"{row[f'{key}_us']:7.0f} ({row[f'{key}_vs_raw']:5.2f}x)"
+
         for row in rows:
-            acc = row["accelerate_us"]
-            print(f"{row['case']:32} {row['raw_us']:8.1f} {row['hasten_us']:8.1f} {row['hasten_debug_us']:8.1f} "
-                  f"{acc if acc is not None else float('nan'):8.1f} {row['hasten_us'] / row['raw_us']:10.2f} "
-                  f"{(row['hasten_us'] / acc) if acc else float('nan'):10.2f}")
-        share = check_us / step_us
-        print(f"\nmismatch check alone (hash + 1-int64 all-gather): {check_us:.1f} us, of which hashing "
-              f"{description!r}: {hash_us:.1f} us")
-        print(f"small DDP step (MLP 128-256-10, batch 32): {step_us:.1f} us")
-        print(f"check / step = {share:.1%}; check / raw gather = {check_us / rows[0]['raw_us']:.2f}x")
-        decision = "ON by default" if share < DEFAULT_BUDGET else "OFF by default (HASTEN_DEBUG_MODE=1 turns it on)"
-        print(f"decision (budget {DEFAULT_BUDGET:.0%} of a small step): mismatch check {decision}")
+            ratio = row.get("checked_vs_unchecked")
+            print(f"{row['case']:44} {row['raw_us']:7.0f} {cell(row, 'unchecked')} {cell(row, 'checked')} "
+                  f"{cell(row, 'accelerate')} {ratio if ratio else float('nan'):9.2f}")
+        print(f"\ncheck alone (hash + one header all-gather, no data in it): {check_us:.0f} us, of which hashing "
+              f"{cc.describe(batch, cc.gather_leaf)!r}: {hash_us:.1f} us")
+        print(f"evaluation loop (examples/demo.py: {evaluation['batches']} batches per process, gather_for_metrics "
+              f"of (predictions, labels)): unchecked {evaluation['unchecked_ms']:.1f} ms, checked "
+              f"{evaluation['checked_ms']:.1f} ms per pass; checked/unchecked = {evaluation['ratio']:.3f} "
+              f"(median of {evaluation['repeats']} paired passes)")
         if args.json:
             Path(args.json).write_text(json.dumps({"rows": rows, "check_us": check_us, "hash_us": hash_us,
-                                                   "step_us": step_us,
-                                                   "check_share_of_step": share, "world": world,
+                                                   "evaluation": evaluation, "world": world,
                                                    "backend": state.backend, "device": str(device)}, indent=2))
     state.wait_for_everyone()
     state.destroy_process_group()
 
 
+def evaluation_share(args, device) -> dict:
+    """One evaluation pass of examples/demo.py (trained model not needed: the cost is the same), checked vs
+    unchecked, alternated pass by pass."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from demo import spirals
+
+    from hasten import Accelerator
+    from hasten.utils import set_seed
+
+    accelerator = Accelerator(mixed_precision="bf16")
+    set_seed(0)
+    model = nn.Sequential(nn.Linear(2, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 2))
+    evaluate = DataLoader(spirals(1001, seed=1), batch_size=100)
+    model, evaluate = accelerator.prepare(model, evaluate)
+    model.eval()
+
+    def one_pass():
+        correct = total = 0
+        for x, y in evaluate:
+            with torch.no_grad():
+                predictions = model(x).argmax(-1)
+            predictions, y = accelerator.gather_for_metrics((predictions, y))
+            correct += int((predictions == y).sum())
+            total += len(y)
+        assert total == 1001, total
+        return correct
+
+    passes = {"unchecked": checks(one_pass, False), "checked": checks(one_pass, True)}
+    times = {name: [] for name in passes}
+    for fn in passes.values():
+        fn()
+    for _ in range(args.eval_repeats):
+        for name, fn in passes.items():
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    ratio = statistics.median(c / u for c, u in zip(times["checked"], times["unchecked"]))
+    return {"unchecked_ms": statistics.median(times["unchecked"]), "checked_ms": statistics.median(times["checked"]),
+            "ratio": ratio, "repeats": args.eval_repeats, "batches": len(evaluate)}
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--eval-repeats", dest="eval_repeats", type=int, default=21)
     parser.add_argument("--json", help="also write the numbers to this file (from rank 0)")
     arguments = parser.parse_args()
     if "LOCAL_RANK" not in os.environ:

@@ -372,7 +372,9 @@ def test_code_named_inside_a_model_folder_runs_only_when_trusted(tmp_path, monke
     assert json.loads(capsys.readouterr().out)["parameters"] == 2 * 2 + 2
     (tmp_path / "mine.json").write_text(json.dumps({"model": "torch.nn:Linear", "kwargs": {"in_features": 3,
                                                                                          "out_features": 1}}))
-    assert estimate.create_empty_model(str(tmp_path / "mine.json")).weight.shape == (1, 3)  # a file you name: yours
+    with pytest.raises(CommandError, match="--trust_remote_code"):  # code named in a file, even one you name
+        estimate.create_empty_model(str(tmp_path / "mine.json"))
+    assert estimate.create_empty_model(str(tmp_path / "mine.json"), trust_remote_code=True).weight.shape == (1, 3)
 
 
 def test_transformers_folders_never_run_their_modeling_code_by_default(tmp_path, monkeypatch):

@@ -152,7 +152,8 @@ def test_yaml_booleans_for_no(tmp_path):
 def test_only_present_keys_and_nulls_mean_unset(tmp_path):
     config = load_config_file(write(tmp_path / "c.yaml", "mixed_precision: fp16\nmain_process_ip: null\n"))
     assert config == {"mixed_precision": "fp16"}
-    assert load_config_file(write(tmp_path / "empty.yaml", "")) == {}
+    with pytest.raises(ValueError, match="empty"):  # an empty file is an error (tests/test_input_edges.py)
+        load_config_file(write(tmp_path / "empty.yaml", ""))
 
 
 def test_num_processes_minus_one_means_decided_at_launch(tmp_path):

@@ -27,8 +27,8 @@ def test_every_field_is_a_prepare_data_loader_argument():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("split_batches", "yes", "must be True or False"),
-    ("dispatch_batches", 1, "True, False or None"),
+    ("split_batches", "maybe", "must be True or False"),
+    ("dispatch_batches", 2, "True, False or None"),
     ("data_seed", -1, "int >= 0"),
     ("data_seed", 1.5, "int >= 0"),
 ])

@@ -387,7 +387,8 @@ def test_non_blocking_reaches_the_device_copies(monkeypatch):
         return real(batch, device, non_blocking=non_blocking)
 
     monkeypatch.setattr(shard_loader, "send_to_device", recording)
-    list(prepare_data_loader(DataLoader(range(4), batch_size=2), put_on_device=True, non_blocking=True))
+    # a real move (batches already on the device are not handed to send_to_device at all)
+    list(prepare_data_loader(DataLoader(range(4), batch_size=2), device="meta", put_on_device=True, non_blocking=True))
     assert calls == [True, True]
 
 

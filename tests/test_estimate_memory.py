@@ -94,7 +94,7 @@ def test_module_path_kwargs_json_and_factories(model_file, capsys):
 def test_local_config_file(model_file, tmp_path, capsys):
     config = tmp_path / "model.json"
     config.write_text(json.dumps({"model": "netdef:Net", "kwargs": {"d": 4, "layers": 1, "vocab": 10}}))
-    report = _run_json(capsys, str(config), "-a", "layers=2")  # command-line arguments win
+    report = _run_json(capsys, str(config), "-a", "layers=2", "--trust_remote_code")  # command-line arguments win
     assert report["parameters"] == _expected_sizes(4, 2, 10)[0]
 
 

@@ -407,11 +407,18 @@ def test_convert_model_to_fp8_ao_keeps_the_first_and_last_layers():
     assert ao.has_ao_layers(model)
 
 
-def test_convert_model_to_fp8_ao_without_torchao_names_the_package():
-    if importlib.util.find_spec("torchao") is not None:
-        pytest.skip("torchao is installed")
-    with pytest.raises(ImportError, match="torchao"):
-        ao.convert_model_to_fp8_ao(nn.Linear(16, 16))
+def test_convert_model_to_fp8_ao_without_torchao_names_the_package(monkeypatch):
+    from hasten.utils import imports
+
+    for name in [name for name in sys.modules if name == "torchao" or name.startswith("torchao.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torchao", None)  # as if it were not installed
+    imports._found.cache_clear()
+    try:
+        with pytest.raises(ImportError, match="torchao"):
+            ao.convert_model_to_fp8_ao(nn.Linear(16, 16))
+    finally:
+        imports._found.cache_clear()
 
 
 def test_fsdp_helpers_that_work_without_fsdp(monkeypatch):

@@ -20,7 +20,8 @@ from torch import nn
 
 from .accumulation import GradientAccumulator
 from .compile import apply_dynamo_plugin, remove_regional_compilation
-from .config.accelerator_settings import SPLIT_BATCHES_UNSET, resolve_accelerator_settings
+from .config.accelerator_settings import SPLIT_BATCHES_UNSET, check_log_with_names, resolve_accelerator_settings
+from .config.booleans import parse_bool
 from .config.kwargs import AutocastKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs
 from .evaluation import gather_for_metrics as _gather_for_metrics
 from .logging import get_logger
@@ -90,7 +91,11 @@ class Accelerator:
                  gradient_accumulation_plugin=None, step_scheduler_with_optimizer: bool = True,
                  kwargs_handlers=None, dynamo_backend=None, dynamo_plugin=None, deepspeed_plugins=None,
                  parallelism_config=None):
+        device_placement = parse_bool(device_placement, "Accelerator(device_placement=...)")
+        step_scheduler_with_optimizer = parse_bool(step_scheduler_with_optimizer,
+                                                   "Accelerator(step_scheduler_with_optimizer=...)")
         if log_with is not None:
+            check_log_with_names(log_with)  # an unknown name lists the known ones
             raise NotImplementedError(
                 f"Experiment tracking (log_with={log_with!r}) is not yet supported by hasten; it is planned. Remove "
                 "log_with, or log with your tracker's own API meanwhile."

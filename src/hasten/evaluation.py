@@ -4,11 +4,15 @@ With ``even_batches`` (the default) the last global batch is completed with samp
 of the data set, so that every process gets a full batch. ``gather_for_metrics`` drops exactly those
 duplicates: the prepared loader tells ``GradientState`` how many samples of its last global batch are real
 (``remainder``).
+
+Every process must take the same path (tensors, or objects): with the collective checks on (the default) a
+process passing tensors while another passes other objects makes every process raise
+``DistributedOperationException``, carried in the header exchange the gather does anyway.
 """
 from __future__ import annotations
 
 from .state import GradientState
-from .utils.operations import gather, gather_object, recursively_apply
+from .utils.operations import _gather, _gather_object, recursively_apply
 
 __all__ = ["gather_for_metrics"]
 
@@ -26,9 +30,13 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
 
     Tensors (nested in lists/tuples/dicts) are gathered along dim 0; anything else, or with
     ``use_gather_object=True``, goes through ``gather_object`` (lists from every process concatenated).
+    Tensors may have a different first dimension on each process.
     """
     use_gather_object = use_gather_object or not _all_tensors(input_data)
-    data = gather_object(input_data) if use_gather_object else gather(input_data)
+    if use_gather_object:
+        data = _gather_object(input_data, "gather_for_metrics")
+    else:
+        data = _gather(input_data, "gather_for_metrics")
     state = GradientState()
     if not state.end_of_dataloader or state.remainder <= 0:
         return data

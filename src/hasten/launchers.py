@@ -24,25 +24,33 @@ def test_launch():
 
 
 class _NamedEntrypoint:
-    """A callable under a ``__name__`` and ``__qualname__`` (torchrun's agent logs its entrypoint's name; a
-    ``functools.partial`` or a callable object has none). Picklable when the callable is (spawn start method)."""
+    """The launched callable, under a ``__name__`` and ``__qualname__`` (torchrun's agent logs its entrypoint's
+    name; a ``functools.partial`` or a callable object has none). In the worker it first asks to end with the
+    launching process (Linux, see ``hasten.commands._parent_watch``): a killed notebook leaves no workers
+    behind. Picklable when the callable is (spawn start method)."""
 
     def __init__(self, function: Callable):
         self.function = function
+        self.launcher_pid = os.getpid()
         inner = getattr(function, "func", None)  # functools.partial
-        self.__name__ = self.__qualname__ = (
-            f"partial({getattr(inner, '__qualname__', type(inner).__name__)})" if inner is not None
-            else type(function).__qualname__)
+        if hasattr(function, "__name__") and hasattr(function, "__qualname__"):
+            self.__name__, self.__qualname__ = function.__name__, function.__qualname__
+        else:
+            self.__name__ = self.__qualname__ = (
+                f"partial({getattr(inner, '__qualname__', type(inner).__name__)})" if inner is not None
+                else type(function).__qualname__)
 
     def __call__(self, *args):
+        from .commands._parent_watch import end_with_parent
+
+        end_with_parent(self.launcher_pid)
         return self.function(*args)
 
 
 def _entrypoint(function: Callable) -> Callable:
     if not callable(function):
         raise TypeError(f"The launcher runs a callable (a function, functools.partial, ...); got {function!r}.")
-    named = hasattr(function, "__name__") and hasattr(function, "__qualname__")
-    return function if named else _NamedEntrypoint(function)
+    return _NamedEntrypoint(function)
 
 
 def _default_start_method() -> str:
@@ -82,7 +90,7 @@ def notebook_launcher(function: Callable, args=(), num_processes=None, mixed_pre
         raise ValueError(f"num_processes must be a positive int, got {num_processes!r}.")
     if num_processes == 1 and num_nodes == 1:
         with patch_environment(**{env_name("mixed_precision"): precision}):
-            return function(*args)
+            return function.function(*args)  # this process: no parent to follow
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError(
             "A torch.distributed process group already exists in this process; notebook_launcher must start from "
@@ -103,9 +111,13 @@ def notebook_launcher(function: Callable, args=(), num_processes=None, mixed_pre
         )
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from .commands._loopback_store import is_loopback, loopback_backend
+
     rdzv_configs = dict(rdzv_conf or {})
     if rdzv_backend == "static":
         rdzv_configs["rank"] = node_rank
+        if num_nodes == 1 and node_rank == 0 and not rdzv_endpoint and is_loopback(master_addr):
+            rdzv_backend = loopback_backend()  # the store listens on the loopback address only
     config = LaunchConfig(
         min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=num_processes, run_id=rdzv_id,
         rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}", rdzv_backend=rdzv_backend,

@@ -164,7 +164,7 @@ def _check_fp8_available(device: torch.device) -> None:
     from .utils.imports import is_torchao_available
 
     if not is_torchao_available():
-        raise ImportError("mixed_precision='fp8' trains through torchao, which is not installed: pip install torchao "
+        raise ImportError("mixed_precision='fp8' trains through torchao, which is not installed: pip install 'hasten[fp8]' "
                           "(or use mixed_precision='bf16').")
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         raise RuntimeError(f"mixed_precision='fp8' needs a GPU with fp8 support (compute capability 8.9 or newer, "

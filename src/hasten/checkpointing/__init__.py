@@ -6,7 +6,8 @@ One file per job:
 - ``snapshot``: every state a checkpoint holds, taken from the Accelerator (model and optimizer states
   from the strategy);
 - ``atomic`` / ``transaction``: staging folder, flush, completion marker, rename; who writes what when
-  several processes save;
+  several processes save; ``checksums``: each file's CRC in the marker, checked on load; ``lock``: one
+  writer per folder;
 - ``saving`` / ``loading``: the two directions; ``agreement``: all processes succeed or all raise;
 - ``rotation``: ``{project_dir}/checkpoints/checkpoint_{n}``, ``total_limit``, the newest complete one;
 - ``rng``: every process's random generators; ``safe_load``: ``weights_only`` loading with an allow-list;
@@ -17,8 +18,8 @@ One file per job:
   ``save_custom_state`` / ``load_custom_state``, over the same files.
 """
 from .auto_resume import auto_resume, latest_checkpoint
-from .errors import (CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError,
-                     UnsafeCheckpointError)
+from .errors import (CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError,
+                     IncompleteCheckpointError, UnsafeCheckpointError)
 from .loading import load_state
 from .safe_load import SAFE_TYPES
 from .save_model import save_model
@@ -28,6 +29,7 @@ from .state_files import load_accelerator_state, load_custom_state, save_acceler
 __all__ = [
     "auto_resume", "latest_checkpoint", "save_state", "load_state", "save_model",
     "CheckpointError", "CheckpointNotFoundError", "IncompleteCheckpointError", "CorruptCheckpointError",
-    "UnsafeCheckpointError", "SAFE_TYPES", "save_accelerator_state", "load_accelerator_state", "save_custom_state",
+    "UnsafeCheckpointError", "CheckpointWriteError", "SAFE_TYPES", "save_accelerator_state",
+    "load_accelerator_state", "save_custom_state",
     "load_custom_state",
 ]

@@ -13,9 +13,17 @@ from ..state import PartialState
 from ..utils.operations import gather_object
 from .errors import CheckpointError
 
-__all__ = ["together", "raise_if_any_failed"]
+__all__ = ["together", "raise_if_any_failed", "gather_failures"]
 
 T = TypeVar("T")
+
+
+def gather_failures(error: Optional[BaseException]) -> list[tuple[int, str, str]]:
+    """Collective: ``(process, error type name, message)`` of every process whose ``error`` is not None."""
+    state = PartialState()
+    outcome = None if error is None else (type(error).__name__, str(error))
+    outcomes = gather_object([outcome]) if state.use_distributed else [outcome]
+    return [(index, found[0], found[1]) for index, found in enumerate(outcomes) if found is not None]
 
 
 def raise_if_any_failed(error: Optional[BaseException], during: str) -> None:
@@ -25,14 +33,12 @@ def raise_if_any_failed(error: Optional[BaseException], during: str) -> None:
         if error is not None:
             raise error
         return
-    outcome = None if error is None else f"{type(error).__name__}: {error}"
-    outcomes = gather_object([outcome])
+    failures = gather_failures(error)
     if error is not None:
         raise error
-    failures = [(index, text) for index, text in enumerate(outcomes) if text is not None]
     if failures:
-        index, text = failures[0]
-        raise CheckpointError(f"{during} failed on process {index} (so it stops here too): {text}")
+        index, kind, text = failures[0]
+        raise CheckpointError(f"{during} failed on process {index} (so it stops here too): {kind}: {text}")
 
 
 def together(during: str, function: Callable[..., T], *args, **kwargs) -> T:

@@ -1,10 +1,10 @@
 """All or nothing on disk: a checkpoint folder either holds a whole saved state or does not exist.
 
 A save writes into a hidden staging folder next to the target (``.{name}.incomplete``). When every file is
-written and flushed to disk, a completion marker (``hasten_checkpoint.json``: every file and its size) is
-written last, and the staging folder is renamed to the target in one step. A save killed at any moment
-therefore leaves either the previous checkpoint or the new one under the target name, never a mixture; the
-staging folder it leaves behind is ignored by ``load_state`` and removed by the next save.
+written and flushed to disk, a completion marker (``hasten_checkpoint.json``: every file, its size and a
+checksum, see ``checksums.py``) is written last, and the staging folder is renamed to the target in one
+step. A save killed at any moment therefore leaves either the previous checkpoint or the new one under the
+target name, never a mixture; the staging folder it leaves behind is ignored by ``load_state`` and removed by the next save.
 
 Replacing an existing folder (``save_state("ckpt")`` twice) moves the old one aside (``.{name}.replaced``),
 renames the new one in and deletes the old. Files in the old folder that are not part of a checkpoint (the
@@ -20,14 +20,16 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from .checksums import check_files_later, checksums_enabled, checksums_of
 from .errors import CorruptCheckpointError, IncompleteCheckpointError
 from .layout import MARKER_NAME
+from .lock import LOCK_NAME
 
 from ..utils.serialization import fsync_file  # the one implementation, shared with hasten.utils.save
 
 __all__ = ["staging_folder", "replaced_folder", "fsync_file", "fsync_folder", "write_marker", "read_marker",
-           "verify_complete", "is_complete", "swap_into_place", "recover_interrupted_swap", "remove_folder",
-           "files_of", "MARKER_FORMAT"]
+           "verify_complete", "start_content_check", "content_changed", "is_complete", "swap_into_place",
+           "recover_interrupted_swap", "remove_folder", "files_of", "MARKER_FORMAT"]
 
 MARKER_FORMAT = 1
 _STAGING_SUFFIX = ".incomplete"
@@ -65,13 +67,13 @@ def fsync_folder(path) -> None:
 
 
 def files_of(folder: Path) -> dict[str, int]:
-    """Every file under ``folder`` (relative POSIX path -> size in bytes), the marker excluded."""
+    """Every file under ``folder`` (relative POSIX path -> size in bytes), the marker and the lock excluded."""
     found = {}
     for root, _, names in os.walk(folder):
         for name in names:
             path = Path(root) / name
             relative = path.relative_to(folder).as_posix()
-            if relative != MARKER_NAME:
+            if relative not in (MARKER_NAME, LOCK_NAME):
                 found[relative] = path.stat().st_size
     return dict(sorted(found.items()))
 
@@ -83,6 +85,8 @@ def write_marker(folder: Path, metadata: dict) -> dict:
     for relative in files:
         fsync_file(folder / relative)
     marker = {"format": MARKER_FORMAT, "complete": True, "written_at": time.time(), **metadata, "files": files}
+    if checksums_enabled():  # read back from the page cache: the files were just written
+        marker["checksums"] = checksums_of(folder, files)
     temporary = folder / f".{MARKER_NAME}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
         json.dump(marker, handle, indent=1, sort_keys=True)
@@ -121,8 +125,28 @@ def is_complete(folder) -> bool:
         return False
 
 
-def verify_complete(folder) -> Optional[dict]:
-    """Check that every file the marker lists exists with its saved size; return the marker.
+def start_content_check(folder: Path, marker: Optional[dict]):
+    """Start recomputing the checksums the marker recorded (in the background); returns ``wait()``, which gives
+    None or ``(file, checksum now, checksum saved)`` of a file whose content changed."""
+    checksums = marker.get("checksums") if marker else None
+    if not isinstance(checksums, dict) or not checksums_enabled():
+        return lambda: None
+    recorded = {relative: value for relative, value in checksums.items()
+                if relative in marker["files"] and isinstance(value, str)}
+    return check_files_later(Path(folder), recorded)
+
+
+def content_changed(folder: Path, relative: str, found: str, recorded: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"Cannot read {relative} in {folder}: the file is damaged, its content changed after it was saved "
+        f"(checksum {found}, {recorded} was saved). Load another checkpoint (the previous one), or set "
+        "HASTEN_CHECKPOINT_CHECKSUMS=0 to load it unchecked if you know why it changed."
+    )
+
+
+def verify_complete(folder, check_content: bool = True) -> Optional[dict]:
+    """Check that every file the marker lists exists with its saved size and (``check_content``) checksum;
+    return the marker.
 
     Returns None for a folder without marker that is not a staging folder (e.g. written by the reference
     library): the caller then checks the files it needs itself. Raises ``IncompleteCheckpointError`` or
@@ -150,6 +174,10 @@ def verify_complete(folder) -> Optional[dict]:
                 f"Checkpoint {folder} is damaged: {relative} has {actual} bytes, {size} were saved. "
                 "Load another checkpoint."
             )
+    if check_content:
+        mismatch = start_content_check(folder, marker)()
+        if mismatch is not None:
+            raise content_changed(folder, *mismatch)
     return marker
 
 

@@ -7,7 +7,9 @@
 Launched with ``hasten launch --max_restarts N``, a job whose process dies is restarted from the top of the
 script; this line then finds the newest checkpoint whose save completed (a save the crash interrupted is
 skipped) and restores everything, including each loader's position, so the loop continues where that
-checkpoint was taken.
+checkpoint was taken. A newest checkpoint that turns out damaged (a file whose checksum no longer matches,
+one that cannot be read) is reported and the previous complete one is loaded instead, so a damaged
+checkpoint does not fail every restart.
 """
 from __future__ import annotations
 
@@ -59,5 +61,10 @@ def auto_resume(accelerator, checkpoints_dir=None, **load_state_kwargs) -> Optio
         return None
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     note = f" (restart {restart})" if restart not in (None, "0") else ""
-    logger.warning("auto_resume: continuing from %s%s.", folder, note)
-    return accelerator.load_state(folder, **load_state_kwargs)
+    from .loading import load_state
+
+    root = Path(os.fspath(checkpoints_dir)) if checkpoints_dir is not None \
+        else checkpoints_root(accelerator.project_configuration)
+    loaded = load_state(accelerator, None, _newest_under=root, **load_state_kwargs)
+    logger.warning("auto_resume: continuing from %s%s.", loaded, note)
+    return loaded

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 __all__ = ["CheckpointError", "CheckpointNotFoundError", "IncompleteCheckpointError", "CorruptCheckpointError",
-           "UnsafeCheckpointError"]
+           "UnsafeCheckpointError", "CheckpointWriteError"]
 
 
 class CheckpointError(RuntimeError):
@@ -23,3 +23,12 @@ class CorruptCheckpointError(CheckpointError):
 
 class UnsafeCheckpointError(CheckpointError):
     """A checkpoint file needs arbitrary Python objects to be unpickled, which could run code: refused by default."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing a checkpoint file failed (a full disk, a quota, an I/O error); ``errno`` is the system's code.
+    The save is abandoned and the previous checkpoint is untouched."""
+
+    def __init__(self, message: str, errno: int = 0):
+        super().__init__(message)
+        self.errno = errno

@@ -20,8 +20,10 @@ from typing import Optional
 from .atomic import is_complete, is_staging_name, remove_folder
 from .errors import CheckpointNotFoundError
 from .layout import CHECKPOINTS_FOLDER, automatic_folder, automatic_iteration
+from .lock import LOCK_NAME, lock_holder_alive, read_lock
 
-__all__ = ["checkpoints_root", "next_automatic_folder", "list_checkpoints", "newest_complete_checkpoint",
+__all__ = ["checkpoints_root", "next_automatic_folder", "list_checkpoints", "complete_checkpoints",
+           "newest_complete_checkpoint",
            "require_newest_complete_checkpoint", "enforce_total_limit", "remove_stale_staging"]
 
 logger = logging.getLogger(__name__)
@@ -64,15 +66,22 @@ def list_checkpoints(root) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def complete_checkpoints(root) -> list[Path]:
+    """The checkpoints under ``root`` whose save completed, newest first; folders skipped are logged."""
+    complete = []
+    for iteration, folder in reversed(list_checkpoints(root)):
+        if is_complete(folder):
+            complete.append(folder)
+        elif not complete:
+            logger.warning("Skipping %s: it has no completion marker (its save did not finish, or another library "
+                           "wrote it; pass it to load_state explicitly to load it anyway).", folder)
+    return complete
+
+
 def newest_complete_checkpoint(root) -> Optional[Path]:
     """The newest checkpoint under ``root`` whose save completed, or None; folders skipped are logged."""
-    candidates = list_checkpoints(root)
-    for iteration, folder in reversed(candidates):
-        if is_complete(folder):
-            return folder
-        logger.warning("Skipping %s: it has no completion marker (its save did not finish, or another library "
-                       "wrote it; pass it to load_state explicitly to load it anyway).", folder)
-    return None
+    complete = complete_checkpoints(root)
+    return complete[0] if complete else None
 
 
 def require_newest_complete_checkpoint(root) -> Path:
@@ -107,5 +116,8 @@ def remove_stale_staging(root) -> None:
     if not root.is_dir():
         return
     for entry in os.listdir(root):
-        if is_staging_name(entry) and automatic_iteration(entry.lstrip(".").rsplit(".", 1)[0]) is not None:
+        name = entry.lstrip(".").rsplit(".", 1)[0]
+        if is_staging_name(entry) and automatic_iteration(name) is not None:
+            if lock_holder_alive(read_lock(root / entry / LOCK_NAME)):
+                continue  # another job is saving that checkpoint right now
             shutil.rmtree(root / entry, ignore_errors=True)

@@ -41,6 +41,8 @@ SAFE_TYPES = (datetime.datetime, datetime.date, datetime.time, datetime.timedelt
               pathlib.PosixPath, pathlib.WindowsPath, frozenset, range, slice)
 
 UNSAFE_OPT_IN = 'load_kwargs={"weights_only": False}'
+# How torch.load's RuntimeErrors say that the bytes are not a readable checkpoint (a zeroed or cut file).
+_DAMAGE_SIGNS = ("zip archive", "central directory", "PytorchStreamReader", "legacy .tar format", "magic number")
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")  # how torch names the object it refused
 
 
@@ -90,10 +92,10 @@ def load_pickle_file(path, what: str, map_location=None, load_kwargs: Optional[d
         if options["weights_only"] and _GLOBAL.search(str(error)):
             raise _refused(path, what, error) from None
         raise _damaged(path, what, error) from None
-    except (EOFError, zipfile.BadZipFile, ValueError) as error:
+    except (EOFError, zipfile.BadZipFile, ValueError, OSError) as error:  # OSError: a truncated file's seek
         raise _damaged(path, what, error) from None
     except RuntimeError as error:
-        if "zip archive" in str(error) or "central directory" in str(error) or "PytorchStreamReader" in str(error):
+        if any(sign in str(error) for sign in _DAMAGE_SIGNS):
             raise _damaged(path, what, error) from None
         raise
 

@@ -6,6 +6,7 @@ then, with automatic naming, delete checkpoints beyond ``total_limit`` (``rotati
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 from ..state import PartialState
 from . import layout
 from .agreement import together
+from .errors import CheckpointWriteError
 from .model_files import drop_aliases
 from .rotation import checkpoints_root, enforce_total_limit, next_automatic_folder, remove_stale_staging
 from .snapshot import Snapshot, take_snapshot
@@ -54,23 +56,23 @@ def _write_shared_files(folder: Path, snapshot: Snapshot, safe_serialization: bo
             continue
         path = folder / layout.model_file(index, safe_serialization)
         if safe_serialization:
-            write_tensors(drop_aliases(weights)[0], path, metadata={"format": "pt"})
+            write_tensors(drop_aliases(weights)[0], path, metadata={"format": "pt"}, checksum=True)
         else:
-            write_pickle(weights, path)
+            write_pickle(weights, path, checksum=True)
     for index, state in enumerate(snapshot.optimizers):
-        write_pickle(state, folder / layout.optimizer_file(index))
+        write_pickle(state, folder / layout.optimizer_file(index), checksum=True)
     for index, state in enumerate(snapshot.schedulers):
-        write_pickle(state, folder / layout.scheduler_file(index))
+        write_pickle(state, folder / layout.scheduler_file(index), checksum=True)
     if snapshot.scaler is not None:
-        write_pickle(snapshot.scaler, folder / layout.SCALER_NAME)
+        write_pickle(snapshot.scaler, folder / layout.SCALER_NAME, checksum=True)
     for index, state in enumerate(snapshot.custom):
-        write_pickle(state, folder / layout.custom_object_file(index))
+        write_pickle(state, folder / layout.custom_object_file(index), checksum=True)
 
 
 def _write_process_files(folder: Path, snapshot: Snapshot, process_index: int) -> None:
-    write_pickle(snapshot.rng, folder / layout.rng_file(process_index))
+    write_pickle(snapshot.rng, folder / layout.rng_file(process_index), checksum=True)
     if snapshot.loaders:
-        write_pickle(snapshot.loaders, folder / layout.loader_states_file(process_index))
+        write_pickle(snapshot.loaders, folder / layout.loader_states_file(process_index), checksum=True)
 
 
 def _hasten_version() -> str:
@@ -106,7 +108,17 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **
             _write_shared_files(staging, snapshot, safe_serialization)
         _write_process_files(staging, snapshot, state.process_index)
 
-    transaction.write(write)
+    def write_explained(staging: Path) -> None:
+        try:
+            write(staging)
+        except CheckpointWriteError as error:
+            if error.errno == errno.ENOSPC and automatic and project.total_limit is not None:
+                raise CheckpointWriteError(
+                    f"{error} Here total_limit={project.total_limit}: the disk must hold "
+                    f"{project.total_limit + 1} checkpoints while a save runs.", error.errno) from error
+            raise
+
+    transaction.write(write_explained)
     transaction.commit({
         "library": "hasten", "version": _hasten_version(), "num_processes": state.num_processes,
         "step": int(snapshot.rng.get("step", 0)), "safe_serialization": bool(safe_serialization),

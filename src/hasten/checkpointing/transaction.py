@@ -6,13 +6,15 @@ positions into the same staging folder. With ``save_on_each_node`` the main proc
 does not see the main process's folder (no shared file system) does the same on its own disk, and so does a
 process that was given a folder other than the main process's.
 
+The process that creates a staging folder takes its lock (``lock.py``), so a second job saving to the same
+folder stops with an error instead of deleting this one's files.
+
 Each step ends with every process agreeing (``agreement.together``), so a failure anywhere stops all of
 them with an error, and the staging folder of a failed save is removed.
 """
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -23,6 +25,7 @@ from .agreement import together
 from .atomic import recover_interrupted_swap, staging_folder, swap_into_place, write_marker
 from .errors import CheckpointError
 from .layout import is_checkpoint_file
+from .lock import SaveLock
 
 __all__ = ["SaveTransaction"]
 
@@ -38,14 +41,13 @@ class SaveTransaction:
         self.save_on_each_node = save_on_each_node
         self.state = PartialState()
         self.writes_shared_files = False
+        self.lock = SaveLock(self.final, self.staging)
 
     # ------------------------------------------------------------------ preparing
     def _claim(self, token: str) -> None:
         """Make a fresh staging folder (removing one a killed save left) and sign it with ``token``."""
+        self.lock.acquire()  # an empty staging folder, or an error naming the other job saving here
         recover_interrupted_swap(self.final, is_checkpoint_file)
-        if self.staging.exists():
-            shutil.rmtree(self.staging)
-        self.staging.mkdir(parents=True)
         (self.staging / _OWNER_FILE).write_text(token, encoding="utf-8")
         self.writes_shared_files = True
 
@@ -62,13 +64,21 @@ class SaveTransaction:
             broadcast_object_list(token)
         own_folder = self._own_folder()  # collective: every process takes part
         main = self.state.is_main_process or own_folder
-        together("preparing the checkpoint folder", lambda: self._claim(token[0]) if main else None)
+        try:
+            together("preparing the checkpoint folder", lambda: self._claim(token[0]) if main else None)
+        except BaseException:
+            self.abandon()
+            raise
         if self.save_on_each_node and self.state.is_local_main_process and not self.state.is_main_process:
             # another machine: claim a folder of its own unless it shares the main process's file system
             together("preparing the checkpoint folder", lambda: None if self._sees(token[0]) else self._claim(token[0]))
         elif self.save_on_each_node:
             together("preparing the checkpoint folder", lambda: None)
-        together("preparing the checkpoint folder", self._check_visible)
+        try:
+            together("preparing the checkpoint folder", self._check_visible)
+        except BaseException:
+            self.abandon()
+            raise
 
     def _own_folder(self) -> bool:
         """Whether this process was given a folder other than the main process's (each process saving into a
@@ -102,6 +112,7 @@ class SaveTransaction:
         (self.staging / _OWNER_FILE).unlink(missing_ok=True)
         write_marker(self.staging, metadata)
         swap_into_place(self.staging, self.final, is_checkpoint_file)
+        self.lock.release(self.final)
 
     def commit(self, metadata: dict) -> None:
         """Collective: write the completion marker and rename the staging folder into place."""
@@ -115,4 +126,4 @@ class SaveTransaction:
     def abandon(self) -> None:
         """Remove this save's staging folder (the previous checkpoint, if any, is untouched)."""
         if self.writes_shared_files:
-            shutil.rmtree(self.staging, ignore_errors=True)
+            self.lock.abandon()

@@ -23,6 +23,7 @@ from ..config.enums import DistributedType, DynamoBackend, PrecisionType
 from ..utils.environment import env_name, str_to_bool
 from ._errors import CommandError
 from ._launch_options import backend_env, backend_not_yet_supported, given_backend_options
+from ._loopback_store import is_loopback
 from ._slurm import SlurmLayout, first_host, slurm_layout
 
 RUNNER_MODULE = "hasten.commands._run_script"
@@ -41,6 +42,7 @@ class LaunchPlan:
     config_path: Optional[str] = None
     program: str = ""  # the script, module or executable, as the user wrote it
     sources: dict = field(default_factory=dict)  # flag name -> "flag" | "SLURM" | "config file" | "default"
+    loopback_store: bool = False  # the rendezvous store listens on the loopback address only (one machine)
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -422,6 +424,14 @@ def _restartable_rendezvous(values: dict) -> Optional[str]:
     return f"{values['main_process_ip'] or '127.0.0.1'}:{values['main_process_port']}"
 
 
+def store_on_loopback(values: dict, restartable: Optional[str]) -> bool:
+    """Whether the rendezvous store can listen on the loopback address only: a static one-machine job whose
+    address is this machine's loopback (the default). Other jobs keep torch's store, on every interface."""
+    return (restartable is None and values["rdzv_backend"] == "static" and values["num_machines"] == 1
+            and values["min_machines"] == 1 and values["machine_rank"] == 0
+            and is_loopback(values["main_process_ip"] or "127.0.0.1"))
+
+
 def worker_env(values: dict, sources: dict, config: Optional[Mapping], config_path: Optional[str],
                environ: Mapping, cpu_count: int, per_machine: int) -> dict:
     """The variables ``hasten launch`` adds to the workers' environment."""
@@ -528,4 +538,4 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
     torchrun = torchrun_arguments(args, values, per_machine, port, restartable, rdzv_id)
     return LaunchPlan(torchrun_args=torchrun, env=env, notes=notes, settings=values,
                       config_path=str(config_path) if config_path else None, program=args.training_script,
-                      sources=sources)
+                      sources=sources, loopback_store=store_on_loopback(values, restartable))

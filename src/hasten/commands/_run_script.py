@@ -12,7 +12,13 @@ The script runs exactly as ``python script.py`` / ``python -m package.module`` w
   now and then ("terminate called without an active exception", SIGABRT — seen with plain PyTorch too), which
   would turn a finished job into a failed one. Everything a normal exit does that users rely on still happens
   first: non-daemon threads are joined, ``atexit`` handlers run (logging is flushed, the process group is
-  destroyed), the script's globals are released (open files get flushed and closed) and stdio is flushed.
+  destroyed), the script's globals are released (open files get flushed and closed) and stdio is flushed;
+- on Linux the worker asks the kernel for SIGTERM when the launcher dies (``prctl(PR_SET_PDEATHSIG)``), so a
+  launcher killed with SIGKILL (which cannot stop its workers) leaves no worker behind. Other systems have no
+  such request: there, stop the workers yourself (``pkill -f hasten.commands._run_script``).
+
+An uncaught exception also records ``time.time()`` in the error file, so the launcher can tell which of two
+failures of the same second came first (see ``_failure_summary``).
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import os
 import runpy
 import sys
 import threading
+import time
 import traceback
 import types
 import zipfile
@@ -48,12 +55,40 @@ def _record_for_torchrun(error: BaseException) -> None:
     This is what torch's ``@record`` does for an exception; torchrun's failure summary then shows the
     traceback. Called only inside the ``except`` block that caught ``error``.
     """
+    when = time.time()
     try:
         from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
         get_error_handler().record_exception(error)
     except Exception:  # torch unusable or the file unwritable: the printed traceback is all there is
+        return
+    _add_precise_time(os.environ.get("TORCHELASTIC_ERROR_FILE"), when)
+
+
+def _add_precise_time(path, when: float) -> None:
+    """Add the failure's sub-second time to the error file torch wrote (its own has whole seconds)."""
+    import json
+
+    from hasten.commands._failure_summary import PRECISE_TIME_KEY
+
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+        data["message"]["extraInfo"][PRECISE_TIME_KEY] = repr(when)
+        with open(path + ".tmp", "w") as handle:
+            json.dump(data, handle)
+        os.replace(path + ".tmp", path)
+    except (TypeError, KeyError, ValueError, OSError):  # no file, or not the layout torch writes: keep it as is
         pass
+
+
+def end_with_the_launcher() -> None:
+    """Linux: SIGTERM for this worker when the launcher dies (see ``_parent_watch``)."""
+    from hasten.commands._parent_watch import LAUNCHER_PID_ENV, end_with_parent
+    from hasten.config.env_aliases import get_setting
+
+    expected = str(get_setting(LAUNCHER_PID_ENV, ""))
+    end_with_parent(int(expected) if expected.isdigit() else None)
 
 
 _NAMESPACES: list = []  # the script's globals, released before the worker exits
@@ -78,6 +113,7 @@ def run(mode: str, target: str, arguments: list) -> None:
 def main(argv: list) -> int:
     if len(argv) < 2:
         raise SystemExit(f"usage: python -m {__spec__.name if __spec__ else 'runner'} path|module TARGET [ARGS...]")
+    end_with_the_launcher()
     faulthandler.enable(all_threads=True)  # a crash (segfault, abort) still prints every thread's stack
     try:
         run(argv[0], argv[1], argv[2:])

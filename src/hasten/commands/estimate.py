@@ -4,8 +4,10 @@ The model is built on the meta device from a class (``package.module:Class`` or 
 with constructor arguments) or from a local config (a hasten model config naming such a class, or a
 Transformers ``config.json`` / folder, which needs ``transformers``). Nothing is fetched from the network.
 
-Code a model *folder* names (a hasten config in it naming a class, Transformers ``auto_map`` modeling files)
-is never imported unless ``--trust_remote_code`` is given: a downloaded folder is not trusted by default.
+Code named by a *file* (a hasten model config naming a class, with a ``path.py`` resolved next to the config;
+Transformers ``auto_map`` modeling files) is never imported unless ``--trust_remote_code`` (or
+``--trust-remote-code``) is given: a downloaded file is not trusted by default. A ``module:Class`` typed on the
+command line is the user's own choice and needs no flag.
 Accelerate's helper names (``create_empty_model``, ``gather_data``, ``create_ascii_table`` ...) are here too.
 """
 from __future__ import annotations
@@ -52,8 +54,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "default: the model's `_no_split_modules`")
     parser.add_argument("--json", action="store_true", help="print the figures (bytes) as JSON instead of a table")
     parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true", default=False,
-                        help="allow the code a model folder names to run (its hasten config's class, Transformers "
-                             "auto_map files); only for folders whose code you have read")
+                        help="allow the code a config file or model folder names to run (a hasten config's class, "
+                             "Transformers auto_map files); only for files whose code you have read")
     parser.add_argument("--library_name", "--library-name", default=None, choices=("transformers", "timm"),
                         help="build MODEL with this library (timm: an architecture name such as resnet50)")
     return parser
@@ -182,6 +184,9 @@ def _resolve_factory(spec: str):
     return factory
 
 
+TRUST_FLAG = "--trust_remote_code"
+
+
 def _from_local_config(path: str, kwargs: dict, trust_remote_code: bool):
     folder = os.path.isdir(path)
     config_file = os.path.join(path, "config.json") if folder else path
@@ -192,18 +197,35 @@ def _from_local_config(path: str, kwargs: dict, trust_remote_code: bool):
             config = json.load(handle)
     except json.JSONDecodeError as error:
         raise CommandError(f"{config_file} is not valid JSON: {error}") from None
+    except UnicodeDecodeError:
+        raise CommandError(f"{config_file} is not a JSON text file; pass a config file or a `module:Class`.") from None
     if isinstance(config, dict) and "model" in config:  # hasten's own: {"model": "module:Class", "kwargs": {...}}
-        if folder and not trust_remote_code:
-            raise CommandError(
-                f"{config_file} names code to run ({config['model']!r}); hasten does not import code a model folder "
-                "names unless you pass --trust_remote_code (only for folders whose code you have read)."
-            )
-        merged = {**config.get("kwargs", {}), **kwargs}
-        return build_empty_model(config["model"], merged)
+        return _from_hasten_config(config_file, config, kwargs, trust_remote_code)
     return _from_transformers_config(path, config, kwargs, trust_remote_code)
 
 
+def _from_hasten_config(config_file: str, config: dict, kwargs: dict, trust_remote_code: bool):
+    """Build the class a hasten model config names: code named by a file runs only with ``--trust_remote_code``."""
+    spec, file_kwargs = config["model"], config.get("kwargs", {})
+    if not isinstance(spec, str) or not isinstance(file_kwargs, dict):
+        raise CommandError(f"{config_file}: write {{\"model\": \"module:Class\", \"kwargs\": {{...}}}} "
+                           "(model a string, kwargs an object).")
+    if not trust_remote_code:
+        raise CommandError(
+            f"{config_file} names code to run ({spec!r}); hasten does not import code named in a file unless you "
+            f"pass {TRUST_FLAG} (only for files whose code you have read). Or name the class yourself: "
+            f"hasten estimate-memory module:Class --kwargs '...'."
+        )
+    location, sep, attribute = spec.rpartition(":")
+    if sep and (location.endswith(".py") or "/" in location) and not os.path.isabs(location):
+        # a model file next to the config, as a downloaded folder ships it (not the current folder's)
+        spec = f"{os.path.join(os.path.dirname(os.path.abspath(config_file)), location)}:{attribute}"
+    return build_empty_model(spec, {**file_kwargs, **kwargs})
+
+
 def _from_transformers_config(path: str, config: dict, kwargs: dict, trust_remote_code: bool = False):
+    import torch.nn as nn
+
     from hasten.big_modeling import init_empty_weights
     from hasten.utils.imports import require_extra
 
@@ -216,7 +238,9 @@ def _from_transformers_config(path: str, config: dict, kwargs: dict, trust_remot
     auto_config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True,
                                                           **{**kwargs, "trust_remote_code": trust_remote_code})
     architectures = config.get("architectures") or []
-    model_class = getattr(transformers, architectures[0], None) if architectures else None
+    model_class = getattr(transformers, str(architectures[0]), None) if architectures else None
+    if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
+        model_class = None  # the file names only a Transformers model class, never any other callable
     with init_empty_weights():
         if model_class is not None:
             model = model_class._from_config(auto_config) if hasattr(model_class, "_from_config") else model_class(auto_config)

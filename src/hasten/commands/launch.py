@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 from ._errors import CommandError
 from ._flags import OneSpellingHelpFormatter, add_flag
 from ._launch_options import BACKEND_GROUPS, add_backend_options, backend_not_yet_supported
+from ._failure_summary import root_cause, signal_hint
 from ._launch_plan import LaunchPlan, build_plan
+from ._loopback_store import launch_with_loopback_store
+from ._parent_watch import LAUNCHER_PID_ENV
 
 __all__ = ["add_parser", "run", "launch_command_parser", "launch_command", "main", "load_launch_config", "execute",
            "CustomHelpFormatter", "clean_option", "options_to_group", "simple_launcher", "multi_gpu_launcher",
@@ -150,20 +152,6 @@ def load_launch_config(config_file):
         raise CommandError(f"cannot use the config file {path}: {error}") from None
 
 
-def root_cause(failures: dict):
-    """``(rank, failure)`` that started a failed job.
-
-    torch picks the earliest failure, but its timestamps have one-second resolution and a process the
-    agent stopped after the real failure (SIGTERM/SIGKILL, often with its own "connection closed"
-    error recorded) can look earlier. The earliest failure that was *not* such a stop is the root cause.
-    """
-    stopped = {-signal.SIGTERM, -signal.SIGKILL}
-    candidates = {rank: failure for rank, failure in failures.items() if failure.exitcode not in stopped}
-    candidates = candidates or failures
-    rank = min(candidates, key=lambda r: (candidates[r].timestamp, r))
-    return rank, candidates[rank]
-
-
 def execute(plan: LaunchPlan) -> int:
     """Start the workers with torchrun's agent and wait; the job's exit status."""
     from torch.distributed import run as torchrun
@@ -179,13 +167,20 @@ def execute(plan: LaunchPlan) -> int:
             return root_cause(self.failures)
 
     parsed = torchrun.parse_args(plan.torchrun_args)
-    with patch_environment(**plan.env):
+    with patch_environment(**plan.env, **{LAUNCHER_PID_ENV: str(os.getpid())}):
         try:
-            torchrun.run(parsed)
+            if plan.loopback_store:
+                launch_with_loopback_store(parsed)
+            else:
+                torchrun.run(parsed)
         except ChildFailedError as failure:
             summary = JobFailed(plan.program, failure.failures)
             print(str(summary), file=sys.stderr)
-            code = summary.get_first_failure()[1].exitcode
+            rank, first = summary.get_first_failure()
+            hint = signal_hint(rank, first)
+            if hint:
+                print(hint, file=sys.stderr)
+            code = first.exitcode
             return code if 0 < code < 256 else 1
         except SignalException as stop:
             print(f"hasten launch: stopped by signal {stop.sigval.name}; the workers were ended.", file=sys.stderr)

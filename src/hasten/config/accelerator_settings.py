@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .accumulation import GradientAccumulationPlugin
+from .booleans import parse_bool
 from .dynamo import TorchDynamoPlugin
 from .env_aliases import get_setting, setting_is_set
 from .enums import PrecisionType, RNGType
@@ -19,7 +20,7 @@ from .kwargs import KwargsHandler
 from .project import ProjectConfiguration
 from .resolution import resolve
 
-__all__ = ["AcceleratorSettings", "resolve_accelerator_settings", "SPLIT_BATCHES_UNSET"]
+__all__ = ["AcceleratorSettings", "resolve_accelerator_settings", "SPLIT_BATCHES_UNSET", "check_log_with_names"]
 
 SPLIT_BATCHES_UNSET = object()  # the deprecated ``split_batches`` argument was not passed
 
@@ -89,6 +90,22 @@ def _handlers_by_type(kwargs_handlers) -> dict:
     return handlers
 
 
+def check_log_with_names(log_with) -> None:
+    """Raise ``ValueError`` listing the known tracker names when ``log_with`` names one that is not known
+    (a typo should not read as "not yet supported"); tracker instances and known names pass."""
+    from ..tracking.base import GeneralTracker
+    from ..tracking.registry import LOGGER_TYPE_TO_CLASS
+    from .enums import LoggerType
+
+    known = sorted(set(LoggerType.list()) | set(LOGGER_TYPE_TO_CLASS))
+    entries = log_with if isinstance(log_with, (list, tuple)) else [log_with]
+    unknown = [entry for entry in entries if not isinstance(entry, GeneralTracker) and str(entry) not in known]
+    if unknown:
+        names = ", ".join(repr(entry) for entry in unknown)
+        raise ValueError(f"Unknown log_with tracker {names}; the known names are {', '.join(known)} (or pass a "
+                         "GeneralTracker instance).")
+
+
 def _rng_types(rng_types) -> list:
     if rng_types is None:
         return [RNGType.GENERATOR.value]
@@ -103,13 +120,14 @@ def _dataloader_config(dataloader_config, split_batches):
     elif not isinstance(dataloader_config, DataLoaderConfiguration):
         raise TypeError(f"dataloader_config must be a DataLoaderConfiguration, got {type(dataloader_config).__name__}.")
     if split_batches is not SPLIT_BATCHES_UNSET:
+        split_batches = parse_bool(split_batches, "Accelerator(split_batches=...)")
         warnings.warn("Accelerator(split_batches=...) is deprecated: pass "
                       "dataloader_config=DataLoaderConfiguration(split_batches=...) instead.", FutureWarning,
                       stacklevel=4)
         if dataloader_config.split_batches not in (False, split_batches):
             raise ValueError("split_batches was given both to Accelerator(...) and in dataloader_config, with "
                              "different values; keep only dataloader_config.split_batches.")
-        dataloader_config.split_batches = bool(split_batches)
+        dataloader_config.split_batches = split_batches
     return dataloader_config
 
 
@@ -118,6 +136,9 @@ def resolve_accelerator_settings(*, mixed_precision=None, cpu=False, gradient_ac
                                  dataloader_config=None, split_batches=SPLIT_BATCHES_UNSET, project_dir=None,
                                  project_config=None, rng_types=None, kwargs_handlers=None) -> AcceleratorSettings:
     """Validate the Accelerator's arguments and merge them with the launcher's environment and config file."""
+    cpu = parse_bool(cpu, "Accelerator(cpu=...)")
+    if split_batches is not SPLIT_BATCHES_UNSET:
+        parse_bool(split_batches, "Accelerator(split_batches=...)")  # checked before anything else is read
     config, config_path = _launcher_config()
     handlers = _handlers_by_type(kwargs_handlers)
 
@@ -148,7 +169,7 @@ def resolve_accelerator_settings(*, mixed_precision=None, cpu=False, gradient_ac
             backend = config.get("dynamo_backend")
         dynamo_plugin = TorchDynamoPlugin(backend=backend)
 
-    use_cpu = bool(cpu) or bool(config.get("use_cpu", False))
+    use_cpu = cpu or bool(config.get("use_cpu", False))
 
     if project_config is None:
         project_config = ProjectConfiguration(project_dir=project_dir)

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Optional
 
+from .booleans import normalize_bool_fields
+
 __all__ = ["GradientAccumulationPlugin"]
 
 
@@ -23,6 +25,7 @@ class GradientAccumulationPlugin:
     sync_each_batch: bool = False
 
     def __post_init__(self):
+        normalize_bool_fields(self)
         if self.num_steps is not None and (not isinstance(self.num_steps, int) or isinstance(self.num_steps, bool)
                                            or self.num_steps < 1):
             raise ValueError(f"num_steps (gradient accumulation steps) must be an int >= 1, got {self.num_steps!r}.")

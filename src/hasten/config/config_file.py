@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Union
 
 import yaml
 
-from ..utils.environment import str_to_bool
+from .booleans import ACCEPTED_WORDS, parse_bool
 from .enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType
 from .env_aliases import get_setting
 
@@ -139,14 +139,10 @@ def _num_processes(value):
 
 
 def _boolean(value):
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, str)):
-        try:
-            return bool(str_to_bool(value))
-        except ValueError:
-            pass
-    raise _Invalid(f"expected true or false, got {value!r}")
+    try:
+        return parse_bool(value, "the value")
+    except (TypeError, ValueError):
+        raise _Invalid(f"expected true or false (or {ACCEPTED_WORDS}), got {value!r}") from None
 
 
 def _text(value):
@@ -345,4 +341,9 @@ def load_config_file(path: Union[str, os.PathLike]) -> dict[str, Any]:
         raw = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as error:
         raise ValueError(f"Config file {path} cannot be parsed: {error}") from None
-    return normalize_config(raw if raw is not None else {}, source=str(path))
+    if raw is None:  # an empty file, or one with only comments: most likely a write that went wrong
+        raise ValueError(
+            f"Config file {path} is empty (no settings, only comments or blank lines). Write the settings in it "
+            "(e.g. `mixed_precision: bf16`), regenerate it with `hasten config`, or delete it to use the defaults."
+        )
+    return normalize_config(raw, source=str(path))

@@ -4,10 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Optional
 
+from .booleans import normalize_bool_fields
+
 __all__ = ["DataLoaderConfiguration"]
-
-_FLAGS = ("split_batches", "even_batches", "use_seedable_sampler", "non_blocking", "use_stateful_dataloader")
-
 
 @dataclass
 class DataLoaderConfiguration:
@@ -33,15 +32,7 @@ class DataLoaderConfiguration:
     use_stateful_dataloader: bool = False
 
     def __post_init__(self):
-        for name in _FLAGS:
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise TypeError(f"DataLoaderConfiguration.{name} must be True or False, got {value!r}.")
-        if self.dispatch_batches is not None and not isinstance(self.dispatch_batches, bool):
-            raise TypeError(
-                f"DataLoaderConfiguration.dispatch_batches must be True, False or None (automatic), "
-                f"got {self.dispatch_batches!r}."
-            )
+        normalize_bool_fields(self)  # "no" -> False; anything unreadable is an error naming the field
         if self.data_seed is not None and (not isinstance(self.data_seed, int) or isinstance(self.data_seed, bool)
                                            or self.data_seed < 0):
             raise ValueError(f"DataLoaderConfiguration.data_seed must be None or an int >= 0, got {self.data_seed!r}.")

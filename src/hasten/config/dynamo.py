@@ -5,6 +5,7 @@ import copy
 from dataclasses import dataclass
 from typing import Optional
 
+from .booleans import parse_bool
 from .enums import DynamoBackend
 from .env_aliases import get_flag_setting
 from .resolution import resolve
@@ -14,10 +15,8 @@ __all__ = ["TorchDynamoPlugin"]
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def _parse_bool(value) -> bool:
-    from ..utils.environment import str_to_bool
-
-    return bool(str_to_bool(value)) if isinstance(value, str) else bool(value)
+def _flag(what: str):
+    return lambda value: parse_bool(value, what)
 
 
 @dataclass
@@ -51,12 +50,16 @@ class TorchDynamoPlugin:
 
         self.mode, _ = resolve("dynamo_mode", self.mode, argument_name="TorchDynamoPlugin(mode=...)",
                                default="default", parse=check_mode)
-        self.fullgraph, _ = resolve("dynamo_use_fullgraph", self.fullgraph, default=False, parse=_parse_bool,
+        self.fullgraph, _ = resolve("dynamo_use_fullgraph", self.fullgraph, default=False,
+                                    parse=_flag("TorchDynamoPlugin(fullgraph=...)"),
                                     argument_name="TorchDynamoPlugin(fullgraph=...)")
+        self.dynamic = parse_bool(self.dynamic, "TorchDynamoPlugin(dynamic=...)", optional=True)
+        self.disable = parse_bool(self.disable, "TorchDynamoPlugin(disable=...)")
         if self.dynamic is None and get_flag_setting("dynamo_use_dynamic"):
             self.dynamic = True
         self.use_regional_compilation, _ = resolve(
-            "dynamo_use_regional_compilation", self.use_regional_compilation, default=False, parse=_parse_bool,
+            "dynamo_use_regional_compilation", self.use_regional_compilation, default=False,
+            parse=_flag("TorchDynamoPlugin(use_regional_compilation=...)"),
             argument_name="TorchDynamoPlugin(use_regional_compilation=...)")
         if self.options is not None and not isinstance(self.options, dict):
             raise ValueError(f"options must be a dict of backend options, got {type(self.options).__name__}.")

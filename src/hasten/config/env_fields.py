@@ -23,14 +23,12 @@ def from_env(owner: str, field: str, value: Any, default: Any, parse: Callable[[
 
 def as_bool(what: str) -> Callable[[Any], bool]:
     def parse(value) -> bool:
-        if isinstance(value, bool):
-            return value
-        from ..utils.environment import str_to_bool
+        from .booleans import parse_bool
 
         try:
-            return bool(str_to_bool(value))
-        except ValueError:
-            raise ValueError(f"{what} must be True or False, got {value!r}.") from None
+            return parse_bool(value, what)
+        except TypeError as error:  # callers expect ValueError for every bad value
+            raise ValueError(str(error)) from None
 
     return parse
 

@@ -10,6 +10,7 @@ import datetime
 from dataclasses import dataclass, field, fields
 from typing import Callable, Literal, Optional
 
+from .booleans import normalize_bool_fields
 from .enums import _StrEnum
 
 __all__ = [
@@ -22,6 +23,9 @@ ProfilerActivity = Literal["cpu", "xpu", "mtia", "cuda", "hpu"]  # values of Pro
 
 class KwargsHandler:
     """Base class: ``to_kwargs()`` gives the fields whose value differs from the dataclass default."""
+
+    def __post_init__(self):
+        normalize_bool_fields(self)  # boolean options written as text ("no", "true") are read, not bool()-ed
 
     def to_dict(self) -> dict:
         """Every field (and attribute) with its value, as a deep copy."""
@@ -62,6 +66,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
     comm_state_option: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        super().__post_init__()
         self.comm_hook = DDPCommunicationHookType.parse(self.comm_hook, "comm_hook")
         self.comm_wrapper = DDPCommunicationHookType.parse(self.comm_wrapper, "comm_wrapper")
         if self.comm_wrapper not in (DDPCommunicationHookType.NO, DDPCommunicationHookType.FP16,
@@ -130,6 +135,7 @@ class InitProcessGroupKwargs(KwargsHandler):
     timeout: Optional[datetime.timedelta] = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.timeout is not None and not isinstance(self.timeout, datetime.timedelta):
             if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
                 raise ValueError(f"timeout must be a timedelta or a positive number of seconds, got {self.timeout!r}.")

@@ -5,6 +5,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from .booleans import normalize_bool_fields
+
 __all__ = ["ProjectConfiguration"]
 
 
@@ -27,6 +29,7 @@ class ProjectConfiguration:
     save_on_each_node: bool = False
 
     def __post_init__(self):
+        normalize_bool_fields(self)
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
         if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):

@@ -19,6 +19,7 @@ from ..state import PartialState
 from ..utils.operations import broadcast, broadcast_object_list, get_data_structure, initialize_tensors, send_to_device
 from .dispatch_plan import SLICE, batch_size_of, plan_step, process_bounds, slice_batch
 from .loader_core import PreparedDataLoader
+from .placement import as_device, on_device
 from .validation import check_process_layout, check_split_batch_size
 
 __all__ = ["DataLoaderDispatcher"]
@@ -181,7 +182,8 @@ class DataLoaderDispatcher(PreparedDataLoader):
         transport = self._transport_device()
         payload, layout, code = plan.payload, None, _SAME_LAYOUT
         if transport is not None:
-            payload = send_to_device(payload, transport, non_blocking=self._non_blocking)
+            if not on_device(payload, as_device(transport)):
+                payload = send_to_device(payload, transport, non_blocking=self._non_blocking)
             layout = get_data_structure(payload)
             try:
                 changed = not bool(layout == self._layout)
@@ -293,7 +295,8 @@ class DataLoaderDispatcher(PreparedDataLoader):
         if mine is None:
             return
         if self.device is not None:
-            mine = send_to_device(mine, self.device, non_blocking=self._non_blocking)
+            if not on_device(mine, as_device(self.device)):
+                mine = send_to_device(mine, self.device, non_blocking=self._non_blocking)
         if header[1]:
             self.end_of_dataloader = True
             self.remainder = header[3]

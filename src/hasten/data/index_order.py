@@ -15,7 +15,7 @@ from torch.utils.data import (BatchSampler, DistributedSampler, RandomSampler, S
 
 from .samplers import SeedableRandomSampler
 
-__all__ = ["epoch_order", "has_known_batching"]
+__all__ = ["epoch_order", "has_known_batching", "discard_permutation"]
 
 # Samplers whose order is exactly ``list(sampler)``, drawn with the same generator calls as lazy iteration.
 _LISTABLE = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler, DistributedSampler)
@@ -88,6 +88,39 @@ def random_sampler_order(sampler: RandomSampler) -> tuple[torch.Tensor, Optional
     parts = [torch.randperm(count, generator=generator) for _ in range(total // count)]
     if total % count == 0:
         order = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return order, lambda: torch.randperm(count, generator=generator)
+        return order, lambda: discard_permutation(count, generator)
     parts.append(torch.randperm(count, generator=generator)[: total % count])
     return torch.cat(parts), None
+
+
+# Permutation sizes for which a cheaper draw was checked to leave a CPU generator as torch.randperm does.
+_CHEAP_DISCARD: dict = {}
+
+
+def discard_permutation(count: int, generator: torch.Generator) -> None:
+    """Move ``generator`` on exactly as ``torch.randperm(count, generator=generator)`` would, result unused.
+
+    ``RandomSampler`` draws such a permutation after its last index; building it costs as much as the epoch's
+    real one. On the CPU, randperm draws one 32-bit number per position but the first; a draw of as many numbers
+    in a range of one value consumes the same numbers at a fraction of the cost. That equivalence is checked once
+    per size (on scratch generators, so any torch version that differs falls back to randperm itself)."""
+    if count > 1 and generator.device.type == "cpu" and _cheap_discard_matches(count):
+        _cheap_discard(count, generator)
+    else:
+        torch.randperm(count, generator=generator)
+
+
+def _cheap_discard(count: int, generator: torch.Generator) -> None:
+    torch.randint(0, 1, (count - 1,), generator=generator, dtype=torch.int32)
+
+
+def _cheap_discard_matches(count: int) -> bool:
+    matches = _CHEAP_DISCARD.get(count)
+    if matches is None:
+        reference, candidate = torch.Generator(), torch.Generator()
+        reference.manual_seed(0x5EED)
+        candidate.manual_seed(0x5EED)
+        torch.randperm(count, generator=reference)
+        _cheap_discard(count, candidate)
+        matches = _CHEAP_DISCARD[count] = torch.equal(reference.get_state(), candidate.get_state())
+    return matches

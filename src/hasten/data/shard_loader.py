@@ -11,6 +11,7 @@ from ..utils.random import synchronize_rng_states
 from .batch_shard import BatchSamplerShard
 from .iterable import IterableDatasetShard
 from .loader_core import PreparedDataLoader
+from .placement import as_device, on_device
 
 __all__ = ["DataLoaderShard"]
 
@@ -90,24 +91,28 @@ class DataLoaderShard(PreparedDataLoader):
                 next(batches, None)
             snapshot = self._lookahead_snapshotter()
             device, non_blocking = self.device, self._non_blocking
+            placed_on = None if device is None else as_device(device)  # to compare with the batch's devices
+            # Per-batch bookkeeping is written to the instance dict directly: DataLoader.__setattr__ (a Python
+            # method guarding its batching options) would otherwise run on every batch.
+            fields = self.__dict__
             try:
                 current = next(batches)
             except StopIteration:
                 completed = True
                 return
             while True:
-                if device is not None:
+                if device is not None and not on_device(current, placed_on):  # already there: nothing to move
                     current = send_to_device(current, device, non_blocking=non_blocking)
                 if snapshot is not None:
-                    self._lookahead_state = snapshot()
+                    fields["_lookahead_state"] = snapshot()
                 try:
                     following = next(batches)
                 except StopIteration:
                     self.end_of_dataloader = True
-                    self._position += 1
+                    fields["_position"] += 1
                     yield current
                     break
-                self._position += 1
+                fields["_position"] += 1
                 yield current
                 current = following
             completed = True

@@ -24,7 +24,7 @@ _EXPORTS = build_table({
         "send_to_device", "slice_tensors", "find_batch_size", "is_torch_tensor", "honor_type", "find_device",
         "DistributedOperationException", "TensorInformation", "get_data_structure", "initialize_tensors",
         "ignorant_find_batch_size", "is_namedtuple", "is_tensor_information", "CannotPadNestedTensorWarning",
-        "GatheredParameters",
+        "GatheredParameters", "collective_checks", "collective_checks_enabled", "set_collective_checks",
     ],
     "hasten.utils.pipeline_io": ["copy_tensor_to_devices", "pad_input_tensors"],
     "hasten.precision": ["get_grad_scaler", "get_mixed_precision_context_manager"],

@@ -70,17 +70,15 @@ def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, o
     raise _fsdp("load_fsdp_optimizer")
 
 
-def _distributed_checkpoint_to_merged_weights(checkpoint_dir, save_path, safe_serialization: bool = True) -> Path:
-    """Read every shard of the DCP checkpoint in ``checkpoint_dir`` (one process, CPU) and write one file."""
-    import torch.distributed.checkpoint as dist_cp
-    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
+def _distributed_checkpoint_to_merged_weights(checkpoint_dir, save_path, safe_serialization: bool = True, *,
+                                             weights_only: bool = True) -> Path:
+    """Read every shard of the DCP checkpoint in ``checkpoint_dir`` (one process, CPU) and write one file.
+    Nothing in it is unpickled beyond DCP metadata and plain values unless ``weights_only=False`` (trusted only)."""
+    from .safe_dcp import read_dcp_checkpoint
     from .serialization import save
 
-    state_dict = {}
-    _load_state_dict(state_dict, storage_reader=dist_cp.FileSystemReader(str(checkpoint_dir)),
-                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    state_dict = read_dcp_checkpoint(checkpoint_dir, weights_only=weights_only,
+                                     unsafe_hint="merge_fsdp_weights(..., weights_only=False)")
     if len(state_dict) == 1 and isinstance(next(iter(state_dict.values())), dict):
         state_dict = next(iter(state_dict.values()))  # {"model": {...}} as Accelerate's FSDP saving writes it
     save_path = Path(save_path)
@@ -91,13 +89,15 @@ def _distributed_checkpoint_to_merged_weights(checkpoint_dir, save_path, safe_se
 
 
 def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization: bool = True,
-                       remove_checkpoint_dir: bool = False):
+                       remove_checkpoint_dir: bool = False, *, weights_only: bool = True):
     """Merge a sharded FSDP checkpoint (``SHARDED_STATE_DICT``, written with ``torch.distributed.checkpoint``) into
     ``output_path/model.safetensors`` (or ``pytorch_model.bin`` without ``safe_serialization``). CPU only; the main
     process writes, the others wait.
 
     checkpoint_dir: the folder holding the ``.metadata`` file (e.g. ``.../pytorch_model_fsdp_0``).
     remove_checkpoint_dir: delete ``checkpoint_dir`` once the merged file is written.
+    weights_only: read the checkpoint without unpickling arbitrary objects (DCP's own reader would run any code a
+        ``.metadata`` file names); ``False`` only for a checkpoint you trust.
     """
     from ..state import PartialState
 
@@ -110,7 +110,8 @@ def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization
     state = PartialState()
     if state.is_main_process:
         logger.info(f"Merging FSDP weights from {checkpoint_dir}")
-        target = _distributed_checkpoint_to_merged_weights(checkpoint_dir, output_path, safe_serialization)
+        target = _distributed_checkpoint_to_merged_weights(checkpoint_dir, output_path, safe_serialization,
+                                                           weights_only=weights_only)
         logger.info(f"Merged FSDP weights saved to {target}")
         if remove_checkpoint_dir:
             shutil.rmtree(checkpoint_dir)

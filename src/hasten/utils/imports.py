@@ -25,7 +25,7 @@ EXTRAS = {
     "tensorboard": ("trackers", "the TensorBoard tracker"),
     "wandb": ("trackers", "the Weights & Biases tracker"),
     "mlflow": ("trackers", "the MLflow tracker"),
-    "torchao": (None, "fp8 training through torchao"),
+    "torchao": ("fp8", "fp8 training through torchao"),
     "accelerate": ("reference", "side-by-side comparisons with the reference library"),
 }
 

@@ -6,19 +6,18 @@ the identity: ``gather`` returns its input, ``reduce`` a copy, ...) and across p
 ``torch.distributed`` collectives, knowing the ranks from ``PartialState``.
 
 Mismatched shapes or dtypes across processes make the raw collectives abort the process (gloo) or silently
-corrupt data. With debug mode on (``HASTEN_DEBUG_MODE=1``, read once into ``PartialState().debug``), gather,
-reduce, broadcast and broadcast_object_list first agree on a hash of their inputs' structure, shapes and
-dtypes (one all-gather of one int64) and raise ``DistributedOperationException`` on every rank, naming every
-rank's inputs, instead. It is off by default because it costs a large share of a small training step (see
-docs/debugging.md and bench/bench_collectives.py). ``pad_across_processes`` always checks: its size exchange
-carries the hash for free.
+corrupt data. So, by default, gather, gather_object, broadcast, broadcast_object_list, reduce and
+pad_across_processes first agree on a small header (collective_check.py) and raise
+``DistributedOperationException`` on every rank, naming every rank's inputs, instead. The header also
+carries the sizes that may differ, so ``gather`` takes tensors whose first dimension differs across ranks
+and the object collectives and ``pad_across_processes`` pay no extra collective. ``HASTEN_DEBUG_MODE=0`` or
+``set_collective_checks(False)`` turns the checks off (see docs/debugging.md).
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import functools
-import hashlib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +25,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
+
+from .collective_check import (ALIGN, DistributedOperationException, _all_gather_flat, check_device_type,
+                               eager_bytes, exchange_header_eager,
+                               check_same_everywhere, collective_checks, collective_checks_enabled, describe,
+                               exchange_header, full_leaf, gather_leaf, ndim_leaf, set_collective_checks,
+                               signature)
+from .object_exchange import broadcast_objects_checked, gather_objects_checked
 
 __all__ = [
     "broadcast", "broadcast_object_list", "concatenate", "convert_to_fp32", "convert_outputs_to_fp32",
@@ -35,13 +41,10 @@ __all__ = [
     "TensorInformation", "is_tensor_information", "DistributedOperationException", "CannotPadNestedTensorWarning",
     "is_torch_xpu_tensor", "verify_operation", "chained_operation", "TENSOR_TYPE_TO_INT", "TENSOR_INT_TO_DTYPE",
     "gather_tensor_shape", "copy_tensor_to_devices", "pad_input_tensors", "GatheredParameters",
+    "collective_checks", "collective_checks_enabled", "set_collective_checks",
 ]
 
 REDUCTIONS = ("mean", "sum", "max", "min", "none")
-
-
-class DistributedOperationException(Exception):
-    """A collective cannot run because the processes passed inputs that do not match."""
 
 
 class CannotPadNestedTensorWarning(UserWarning):
@@ -340,86 +343,28 @@ def _check_source(from_process, state, operation: str) -> None:
         )
 
 
-def _all_gather_flat(output: torch.Tensor, tensor: torch.Tensor, state) -> None:
-    """All-gather the 1-d (or any-shaped) ``tensor`` of every rank into ``output``, rank after rank."""
-    if hasattr(dist, "all_gather_single"):
-        dist.all_gather_single(output, tensor)
-    elif state.backend == "gloo":  # older gloo builds lack the single-tensor form
-        dist.all_gather(list(output.chunk(state.num_processes)), tensor)
-    else:
-        dist.all_gather_into_tensor(output, tensor)
-
-
 # --------------------------------------------------------------------------------------------- mismatch check
-def _describe(data, leaf: Callable[[torch.Tensor], str]) -> str:
-    """A compact, deterministic text of ``data``'s structure with each tensor written by ``leaf``."""
-    if isinstance(data, torch.Tensor):
-        return leaf(data)
-    if is_namedtuple(data):
-        return f"{type(data).__name__}({', '.join(_describe(item, leaf) for item in data)})"
-    if isinstance(data, (tuple, list)):
-        body = ", ".join(_describe(item, leaf) for item in data)
-        return f"({body})" if isinstance(data, tuple) else f"[{body}]"
-    if isinstance(data, Mapping):
-        prefix = "" if type(data) is dict else type(data).__name__
-        return prefix + "{" + ", ".join(f"{key!r}: {_describe(value, leaf)}" for key, value in data.items()) + "}"
-    return f"<{type(data).__name__}>"
-
-
-def _full_leaf(tensor: torch.Tensor) -> str:
-    text = f"{str(tensor.dtype).replace('torch.', '')}{list(tensor.shape)}"
-    return text if tensor.device.type == "cpu" else f"{text} on {tensor.device.type}"
-
-
-def _ndim_leaf(tensor: torch.Tensor) -> str:
-    return "nested" if getattr(tensor, "is_nested", False) else f"{tensor.ndim}d"
-
-
-def _signature(text: str) -> int:
-    """A 63-bit hash of ``text`` that is the same in every process (unlike ``hash``, which is salted)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
-
-
-_SAME_INPUTS = "the processes passed inputs whose structure, shapes or dtypes differ, and they must match"
-
-
-def _raise_mismatch(operation: str, description: str, state, hint: str = "", problem: str = _SAME_INPUTS) -> None:
-    """Every rank calls this after seeing different signatures: share the descriptions and raise everywhere."""
-    descriptions = [None] * state.num_processes
-    dist.all_gather_object(descriptions, description)
-    lines = "\n".join(f"  - process {rank}: {text}" for rank, text in enumerate(descriptions))
-    raise DistributedOperationException(f"Cannot run `{operation}`: {problem}.\n{lines}{hint}")
+# The agreement check itself lives in collective_check.py; these names stay importable from here.
+_describe, _full_leaf, _ndim_leaf, _signature = describe, full_leaf, ndim_leaf, signature
 
 
 def _check_same_everywhere(operation: str, data, state, hint: str = "") -> None:
-    """Debug-mode check: raise DistributedOperationException on every rank unless all inputs match."""
-    description = data if isinstance(data, str) else _describe(data, _full_leaf)
-    mine = torch.tensor([_signature(description)], dtype=torch.int64, device=state.device)
-    everyone = torch.empty(state.num_processes, dtype=torch.int64, device=state.device)
-    _all_gather_flat(everyone, mine, state)
-    if len(set(everyone.tolist())) > 1:
-        _raise_mismatch(operation, description, state, hint)
-    wrong = [leaf for leaf in _leaves(data, []) if isinstance(leaf, torch.Tensor)
-             and leaf.device.type != state.device.type]
-    if wrong:  # same on every rank once the descriptions agree
-        raise DistributedOperationException(
-            f"`{operation}` got tensors on {wrong[0].device.type} while this run communicates on "
-            f"{state.device.type}: move them with `.to({state.device.type!r})` (or send_to_device) first."
-        )
+    """Raise DistributedOperationException on every rank unless all inputs match (one small all-gather)."""
+    check_same_everywhere(operation, data, state, hint)
 
 
 def verify_operation(function):
-    """Decorator for a collective taking ``tensor`` first: in debug mode (``PartialState().debug``) on several
-    processes, check first that every process passes the same structure, shapes and dtypes, on the run's
-    device type, and raise ``DistributedOperationException`` on every process, naming each one's inputs,
-    when not. Otherwise the call goes straight through."""
+    """Decorator for a collective taking ``tensor`` first: on several processes, with the collective checks on
+    (the default; see ``collective_checks_enabled``), check first that every process passes the same
+    structure, shapes and dtypes, on the run's device type, and raise ``DistributedOperationException`` on
+    every process, naming each one's inputs, when not. Otherwise the call goes straight through."""
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         state = _state()
-        if state.use_distributed and state.debug:
+        if state.use_distributed and collective_checks_enabled(state):
             tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
-            _check_same_everywhere(f"{function.__module__}.{function.__name__}", tensor, state)
+            check_same_everywhere(f"{function.__module__}.{function.__name__}", tensor, state)
         return function(*args, **kwargs)
 
     return wrapper
@@ -450,29 +395,53 @@ def _by_dtype_and_device(leaves: list) -> dict:
     return groups
 
 
+_GATHER_HINT = ("\nOnly the first dimension may differ between processes; pad other dimensions with "
+                "pad_across_processes(tensor, dim=...) before gathering.")
+
+
 @torch.no_grad()
 def gather(tensor):
     """All-gather every tensor of ``tensor`` from all processes and concatenate along dim 0.
 
     0-d tensors count as one element, so they come back 1-d (one value per process), in one process too.
-    Shapes and dtypes must match on every process (use ``pad_across_processes`` for uneven sizes).
+    Dtypes and every dimension but the first must match on every process; the first may differ (each
+    process's rows come back in rank order). With the collective checks off, every dimension must match.
     """
+    return _gather(tensor, "gather")
+
+
+def _first_size(leaf: torch.Tensor) -> int:
+    return leaf.size(0) if leaf.ndim else 1
+
+
+def _gather(tensor, operation: str):
     state = _state()
-    if state.use_distributed and state.debug:  # before any local error, so that every rank raises alike
-        _check_same_everywhere("gather", tensor, state,
-                               "\nPad uneven tensors with pad_across_processes before gathering them.")
-    leaves = _tensor_leaves(tensor, "gather")
     if not state.use_distributed:
+        _tensor_leaves(tensor, operation)
         return recursively_apply(lambda leaf: leaf if leaf.ndim else leaf.reshape(1), tensor)
+    sizes = None
+    if collective_checks_enabled(state):  # before any local error, so that every rank raises alike
+        tensors = [leaf for leaf in _leaves(tensor, []) if isinstance(leaf, torch.Tensor)]
+        sizes, payloads = exchange_header_eager(
+            operation, describe(tensor, gather_leaf), [_first_size(leaf) for leaf in tensors],
+            lambda: describe(tensor, full_leaf), state, _GATHER_HINT, payload=_packed(tensors, state))
+        check_device_type(operation, tensor, state)
+        _tensor_leaves(tensor, "gather")
+        if payloads is not None:  # every process's data came with the header: nothing more to exchange
+            return _replace_leaves(tensor, _unpacked(tensors, sizes, payloads))
+    leaves = _tensor_leaves(tensor, "gather")
     world = state.num_processes
     gathered = [None] * len(leaves)
     for (dtype, device), indices in _by_dtype_and_device(leaves).items():
+        if sizes is not None and any(row[i] != sizes[0][i] for row in sizes for i in indices):
+            _gather_uneven(leaves, indices, sizes, gathered, state)
+            continue
         shapes = [leaves[i].shape if leaves[i].ndim else torch.Size([1]) for i in indices]
         numels = [leaves[i].numel() for i in indices]
         flat = leaves[indices[0]].detach().reshape(-1) if len(indices) == 1 else torch.cat(
             [leaves[i].detach().reshape(-1) for i in indices])
         output = torch.empty(world * flat.numel(), dtype=dtype, device=device)
-        if flat.numel():
+        if flat.numel() or sizes is None:  # unchecked: always enter, so a lone empty rank cannot hang the others
             _all_gather_flat(output, flat.contiguous(), state)
         per_rank = output.view(world, -1)
         offset = 0
@@ -483,16 +452,91 @@ def gather(tensor):
     return _replace_leaves(tensor, gathered)
 
 
+def _round_up(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def _packed(tensors: list, state) -> "torch.Tensor | None":
+    """The bytes of ``tensors`` (each piece aligned), when they are few enough to ride in the header
+    exchange and all on the device the run communicates on; else None."""
+    if any(leaf.device != state.device or leaf.layout != torch.strided or getattr(leaf, "is_nested", False)
+           for leaf in tensors):
+        return None
+    total = sum(_round_up(leaf.numel() * leaf.element_size()) for leaf in tensors)
+    if total > eager_bytes(state.num_processes):
+        return None
+    try:
+        payload = torch.zeros(total, dtype=torch.uint8, device=state.device)
+        offset = 0
+        for leaf in tensors:
+            nbytes = leaf.numel() * leaf.element_size()
+            if nbytes:
+                payload[offset:offset + nbytes].copy_(leaf.detach().contiguous().reshape(-1).view(torch.uint8))
+            offset += _round_up(nbytes)
+    except RuntimeError:  # a dtype without a byte view: send it the ordinary way (never raise before the header)
+        return None
+    return payload
+
+
+def _unpacked(tensors: list, sizes: list, payloads: torch.Tensor) -> list:
+    """Every process's pieces of ``tensors`` read back from the payloads, concatenated in rank order."""
+    pieces = [[] for _ in tensors]
+    for rank, row in enumerate(sizes):
+        offset = 0
+        for i, leaf in enumerate(tensors):
+            rest = leaf.shape[1:] if leaf.ndim else torch.Size()
+            shape = (row[i], *rest)
+            nbytes = shape[0] * rest.numel() * leaf.element_size()
+            piece = payloads[rank, offset:offset + nbytes]
+            pieces[i].append(piece.view(leaf.dtype).view(shape) if nbytes else leaf.new_empty(shape))
+            offset += _round_up(nbytes)
+    return [torch.cat(parts) for parts in pieces]
+
+
+def _gather_uneven(leaves: list, indices: list, sizes: list, gathered: list, state) -> None:
+    """Gather leaves whose first dimension differs across ranks: pad each to the largest, all-gather once,
+    then keep each rank's real rows."""
+    world = state.num_processes
+    largest = {i: max(row[i] for row in sizes) for i in indices}
+    padded, rests = [], {}
+    for i in indices:
+        leaf = leaves[i].detach()
+        leaf = leaf if leaf.ndim else leaf.reshape(1)  # 0-d: one row per process
+        rests[i] = leaf.shape[1:]
+        if leaf.shape[0] < largest[i]:
+            leaf = torch.cat([leaf, leaf.new_zeros((largest[i] - leaf.shape[0], *leaf.shape[1:]))])
+        padded.append(leaf.reshape(-1))
+    flat = torch.cat(padded)
+    output = torch.empty(world * flat.numel(), dtype=flat.dtype, device=flat.device)
+    if flat.numel():  # the padded size is the same on every rank
+        _all_gather_flat(output, flat, state)
+    per_rank = output.view(world, -1)
+    offset = 0
+    for i in indices:
+        rest = rests[i]
+        numel = largest[i] * rest.numel()
+        blocks = per_rank[:, offset:offset + numel].reshape(world, largest[i], *rest)
+        gathered[i] = torch.cat([blocks[rank, :row[i]] for rank, row in enumerate(sizes)])
+        offset += numel
+
+
 def gather_object(object: Any):
     """All-gather picklable objects: a list (or tuple) from every process is concatenated into one list,
     any other object becomes one item per process."""
+    return _gather_object(object, "gather_object")
+
+
+def _gather_object(object: Any, operation: str):
     state = _state()
     is_sequence = isinstance(object, (list, tuple))
     if not state.use_distributed:
         return list(object) if is_sequence else [object]
-    everyone = [None] * state.num_processes
-    dist.all_gather_object(everyone, object)
-    if is_sequence:  # every rank passes the same kind; a rank that did not is kept as one item
+    if collective_checks_enabled(state):
+        everyone = gather_objects_checked(object, state, operation)
+    else:
+        everyone = [None] * state.num_processes
+        dist.all_gather_object(everyone, object)
+    if is_sequence:  # (unchecked) a rank that passed another kind of object is kept as one item
         return [item for part in everyone for item in (part if isinstance(part, (list, tuple)) else [part])]
     return everyone
 
@@ -502,13 +546,22 @@ def broadcast(tensor, from_process: int = 0):
     """Copy every tensor of ``tensor`` from process ``from_process`` into the same tensors of all the others,
     in place; returns ``tensor``. Shapes and dtypes must match on every process."""
     state = _state()
+    payloads = None
+    if state.use_distributed and collective_checks_enabled(state):
+        tensors = [leaf for leaf in _leaves(tensor, []) if isinstance(leaf, torch.Tensor)]
+        payloads = check_same_everywhere("broadcast", tensor, state, extra=f", from_process={from_process!r}",
+                                         payload=_packed(tensors, state))
     _check_source(from_process, state, "broadcast")
-    if state.use_distributed and state.debug:
-        _check_same_everywhere("broadcast", tensor, state)
     leaves = _tensor_leaves(tensor, "broadcast")
     if not state.use_distributed:
         return tensor
     receiving = state.process_index != from_process
+    if payloads is not None:  # the sender's data came with the header
+        if receiving:
+            sizes = [[_first_size(leaf) for leaf in leaves]] * state.num_processes
+            for leaf, values in zip(leaves, _unpacked(leaves, sizes[:1], payloads[from_process:from_process + 1])):
+                leaf.copy_(values.view(leaf.shape))
+        return tensor
     for indices in _by_dtype_and_device(leaves).values():
         group = [leaves[i] for i in indices]
         if len(group) == 1 and group[0].is_contiguous():
@@ -528,15 +581,15 @@ def broadcast_object_list(object_list, from_process: int = 0):
     Every process must pass a list of the same length (placeholders such as None on the receivers).
     """
     state = _state()
-    _check_source(from_process, state, "broadcast_object_list")
     if not isinstance(object_list, list):
         raise TypeError(
             f"broadcast_object_list fills a list in place; got a {type(object_list).__name__}. Pass a list."
         )
+    if state.use_distributed and collective_checks_enabled(state):
+        return broadcast_objects_checked(object_list, from_process, state)
+    _check_source(from_process, state, "broadcast_object_list")
     if not state.use_distributed:
         return object_list
-    if state.debug:
-        _check_same_everywhere("broadcast_object_list", f"list of {len(object_list)} objects", state)
     dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
@@ -560,16 +613,22 @@ def reduce(tensor, reduction="mean", scale=1.0):
         raise ValueError(f"reduce: unknown reduction {reduction!r}; use one of {', '.join(map(repr, REDUCTIONS))}.")
     state = _state()
     distributed = state.use_distributed and reduction != "none"
-    if distributed and state.debug:
-        _check_same_everywhere("reduce", tensor, state)
+    checked = distributed and collective_checks_enabled(state)
+    payloads = None
+    if checked:
+        tensors = [leaf for leaf in _leaves(tensor, []) if isinstance(leaf, torch.Tensor)]
+        payloads = check_same_everywhere("reduce", tensor, state, extra=f", reduction={reduction!r}",
+                                         payload=_packed(tensors, state))
     leaves = _tensor_leaves(tensor, "reduce")
+    if payloads is not None:  # every process's data came with the header: reduce here
+        return _reduce_gathered(tensor, leaves, payloads, reduction, scale, state.num_processes)
     world = state.num_processes if distributed else 1
     op = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(reduction, dist.ReduceOp.SUM)
     reduced = [None] * len(leaves)
     for (dtype, device), indices in _by_dtype_and_device(leaves).items():
         work_dtype = _reduce_dtype(dtype, reduction)
         flat = torch.cat([leaves[i].detach().reshape(-1).to(work_dtype) for i in indices])  # a fresh copy
-        if distributed and flat.numel():
+        if distributed and (flat.numel() or not checked):  # unchecked: always enter (no lone-empty hang)
             dist.all_reduce(flat, op=op)
         if reduction == "mean":
             if not (flat.is_floating_point() or flat.is_complex()):
@@ -584,13 +643,36 @@ def reduce(tensor, reduction="mean", scale=1.0):
     return _replace_leaves(tensor, reduced)
 
 
+def _reduce_gathered(tensor, leaves: list, payloads: torch.Tensor, reduction: str, scale, world: int):
+    """``reduce``'s result computed from every process's copy of the leaves (rank order: deterministic)."""
+    sizes = [[_first_size(leaf) for leaf in leaves]] * world
+    reduced = []
+    for leaf, stacked in zip(leaves, _unpacked(leaves, sizes, payloads)):
+        stacked = stacked.view(world, *leaf.shape).to(_reduce_dtype(leaf.dtype, reduction))
+        if reduction == "max":
+            out = stacked.amax(0)
+        elif reduction == "min":
+            out = stacked.amin(0)
+        else:
+            out = stacked.sum(0, dtype=stacked.dtype)
+        if reduction == "mean":
+            if not (out.is_floating_point() or out.is_complex()):
+                out = out.to(torch.get_default_dtype())
+            out = out / world
+        elif out.dtype != leaf.dtype and reduction != "sum":
+            out = out.to(leaf.dtype)
+        reduced.append(out * scale if scale != 1.0 else out)
+    return _replace_leaves(tensor, reduced)
+
+
 def pad_across_processes(tensor, dim=0, pad_index=0, pad_first=False):
     """Pad every tensor of ``tensor`` along ``dim`` to the largest size any process has, so they can be
     gathered; ``pad_index`` fills the new entries, at the end or (``pad_first``) at the front.
 
     Tensors with no dimension ``dim`` (0-d, or ``dim >= ndim``) and nested tensors are returned unchanged.
-    The processes must pass the same structure with tensors of the same number of dimensions; otherwise every
-    process raises ``DistributedOperationException`` naming each one's shapes.
+    The processes must pass the same structure with tensors of the same number of dimensions and dtypes;
+    otherwise every process raises ``DistributedOperationException`` naming each one's shapes. This check
+    always runs (the collective checks' switch does not turn it off): it travels with the size exchange.
     """
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise TypeError(f"pad_across_processes: dim must be an int, got {dim!r}.")
@@ -604,7 +686,7 @@ def pad_across_processes(tensor, dim=0, pad_index=0, pad_first=False):
         return tensor
     paddable = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)
                 and not getattr(leaf, "is_nested", False) and -leaf.ndim <= dim < leaf.ndim]
-    max_sizes = _exchange_sizes_checked(tensor, [leaves[i].shape[dim] for i in paddable], state)
+    max_sizes = _exchange_sizes_checked(tensor, [leaves[i].shape[dim] for i in paddable], state, dim)
     _tensor_leaves(tensor, "pad_across_processes")  # structures agree now: every rank raises alike
     padded = list(leaves)
     for index, largest in zip(paddable, max_sizes):
@@ -621,32 +703,19 @@ def pad_across_processes(tensor, dim=0, pad_index=0, pad_first=False):
     return _replace_leaves(tensor, padded)
 
 
-_HEADER = 16  # int64 slots: the signature, then up to 15 sizes; more sizes take a second all-gather
+def _pad_leaf(tensor: torch.Tensor) -> str:
+    return f"{str(tensor.dtype).replace('torch.', '')} {ndim_leaf(tensor)}"
 
 
-def _exchange_sizes_checked(data, sizes: list, state) -> list:
-    """The largest of each entry of ``sizes`` across processes, after checking that every process passed the
-    same structure with tensors of the same number of dimensions (in the same collective, for free)."""
-    signature = _signature(_describe(data, _ndim_leaf))
-    header = torch.full((_HEADER,), -1, dtype=torch.int64)
-    header[0] = signature
-    inline = sizes[:_HEADER - 1]
-    if inline:
-        header[1:1 + len(inline)] = torch.tensor(inline, dtype=torch.int64)
-    everyone = torch.empty(state.num_processes * _HEADER, dtype=torch.int64, device=state.device)
-    _all_gather_flat(everyone, header.to(state.device), state)
-    everyone = everyone.view(state.num_processes, _HEADER).cpu()
-    if len(set(everyone[:, 0].tolist())) > 1:
-        _raise_mismatch("pad_across_processes", _describe(data, _full_leaf), state,
-                        problem="the processes passed different structures or tensors with different numbers of "
-                                "dimensions; only the sizes along `dim` may differ")
-    if len(sizes) < _HEADER:
-        return everyone[:, 1:1 + len(sizes)].max(dim=0).values.tolist()
-    rest = torch.tensor(sizes, dtype=torch.int64, device=state.device)
-    all_sizes = torch.empty(state.num_processes * len(sizes), dtype=torch.int64, device=state.device)
-    _all_gather_flat(all_sizes, rest, state)
-    return all_sizes.view(state.num_processes, -1).max(dim=0).values.tolist()
-
+def _exchange_sizes_checked(data, sizes: list, state, dim: int = 0) -> list:
+    """The largest of each entry of ``sizes`` across processes, after checking, in the same all-gather, that
+    every process passed the same structure with tensors of the same number of dimensions and dtypes."""
+    everyone = exchange_header(
+        "pad_across_processes", f"dim={dim} " + describe(data, _pad_leaf), sizes,
+        lambda: describe(data, full_leaf), state,
+        problem="the processes passed different structures, dtypes or tensors with different numbers of "
+                "dimensions; only the sizes along `dim` may differ")
+    return [max(column) for column in zip(*everyone)] if sizes else []
 
 
 @contextlib.contextmanager
