@@ -18,6 +18,13 @@ Files go to ``BENCH_CHECKPOINT_DIR`` (default: a temporary folder; point it at t
 The checksum cost: hasten's save_state / load_state of a ~100M-parameter model with AdamW (1.2 GB of files),
 with the per-file checksums of the completion marker (default) and without (``HASTEN_CHECKPOINT_CHECKSUMS=0``),
 alternated. Target: checksums add < 5% to save and to load.
+
+    python bench/bench_checkpointing.py --async       # save_state(async_save=True) stall (~100M parameters)
+
+The training stall of an asynchronous save: the time from calling ``save_state`` until it returns, with
+``async_save=True`` (snapshot copied to CPU memory, files written in the background) vs a synchronous save of
+the same ~100M-parameter model with AdamW, alternated; ``async-complete`` is the time until the asynchronous
+save is complete on disk (``wait_for_checkpoint``), with nothing else running. Target: stall <= 0.25x sync.
 """
 from __future__ import annotations
 
@@ -191,5 +198,50 @@ def checksum_cost():
     return rows
 
 
+def async_stall():
+    """How long save_state blocks the training loop: synchronous vs async_save=True, alternated (paired)."""
+    from hasten import Accelerator
+    from hasten.state import AcceleratorState
+
+    root = Path(os.environ.get("BENCH_CHECKPOINT_DIR") or tempfile.mkdtemp(prefix="hasten-bench-async-"))
+    root.mkdir(parents=True, exist_ok=True)
+    model, optimizer = build(SMALL_LAYERS)
+    size = 3 * sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+    print(f"async: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {size:.2f} GB of files",
+          flush=True)
+    AcceleratorState._reset_state(True)
+    ours = Accelerator(cpu=True)
+    ours.prepare(model, optimizer)
+    folders = {name: Folders(root, name) for name in ("sync", "async", "complete")}
+
+    def sync():
+        folder = folders["sync"].fresh()
+        return timed(lambda: ours.save_state(folder))
+
+    def background():
+        folder = folders["async"].fresh()
+        stall = timed(lambda: ours.save_state(folder, async_save=True))
+        ours.wait_for_checkpoint()  # untimed: the next variant starts from an idle disk
+        return stall
+
+    def complete():
+        folder = folders["complete"].fresh()
+        return timed(lambda: (ours.save_state(folder, async_save=True), ours.wait_for_checkpoint()))
+
+    try:
+        rows = compare(f"save_state {size:.1f} GB, training stall", {"sync": sync, "async": background,
+                                                                     "async-complete": complete},
+                       repeats=5, baseline="sync")
+    finally:
+        if not os.environ.get("BENCH_CHECKPOINT_DIR"):
+            shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
 if __name__ == "__main__":
-    checksum_cost() if "--checksums" in sys.argv else main()
+    if "--checksums" in sys.argv:
+        checksum_cost()
+    elif "--async" in sys.argv:
+        async_stall()
+    else:
+        main()

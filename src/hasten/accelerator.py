@@ -672,6 +672,7 @@ class Accelerator:
         self.state.print(*args, **kwargs)
 
     def wait_for_everyone(self) -> None:
+        self.wait_for_checkpoint()  # a pending save_state(async_save=True) completes first
         self.state.wait_for_everyone()
 
     def set_trigger(self) -> None:
@@ -792,7 +793,8 @@ class Accelerator:
                                           reduce_batch_size_fn=reduce_batch_size_fn)
 
     # ------------------------------------------------------------------ checkpointing (hasten/checkpointing)
-    def save_state(self, output_dir=None, safe_serialization: bool = True, **save_model_func_kwargs) -> str:
+    def save_state(self, output_dir=None, safe_serialization: bool = True, *, async_save: bool = False,
+                   **save_model_func_kwargs) -> str:
         """Save models, optimizers, schedulers, loader positions, scaler, random states, the accumulation step
         and registered objects to a folder, atomically; returns the folder.
 
@@ -800,10 +802,23 @@ class Accelerator:
         ``{project_dir}/checkpoints/checkpoint_{iteration}`` and at most ``total_limit`` are kept. The file
         layout is the reference library's (docs/checkpointing.md). ``safe_serialization``: models as
         safetensors (else pickled ``.bin``).
+
+        ``async_save=True``: return once the state is copied to CPU memory and write the files in the background
+        while training continues; the checkpoint becomes complete (marker last) when they are all on disk. The
+        next ``save_state`` / ``load_state`` / ``wait_for_everyone`` / ``wait_for_checkpoint`` waits for it.
         """
         from .checkpointing import save_state
 
-        return save_state(self, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs)
+        return save_state(self, output_dir, safe_serialization=safe_serialization, async_save=async_save,
+                          **save_model_func_kwargs)
+
+    def wait_for_checkpoint(self) -> Optional[str]:
+        """Wait until a ``save_state(async_save=True)`` of this process is complete on disk; returns its folder
+        (None when no save was pending). Raises ``CheckpointError`` if it failed: the previous checkpoint is then
+        still the newest. Call it on every process."""
+        from .checkpointing.async_save import wait_for_pending
+
+        return wait_for_pending()
 
     def load_state(self, input_dir=None, load_kwargs: Optional[dict] = None, **load_model_func_kwargs) -> str:
         """Restore what ``save_state`` saved; returns the folder loaded.
@@ -814,6 +829,7 @@ class Accelerator:
         """
         from .checkpointing import load_state
 
+        self.wait_for_checkpoint()
         return load_state(self, input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
 
     def save_model(self, model, save_directory, max_shard_size="10GB", safe_serialization: bool = True) -> None:

@@ -9,6 +9,7 @@ One file per job:
   several processes save; ``checksums``: each file's CRC in the marker, checked on load; ``lock``: one
   writer per folder;
 - ``saving`` / ``loading``: the two directions; ``agreement``: all processes succeed or all raise;
+- ``async_save``: ``save_state(async_save=True)``, the files written in a background thread;
 - ``rotation``: ``{project_dir}/checkpoints/checkpoint_{n}``, ``total_limit``, the newest complete one;
 - ``rng``: every process's random generators; ``safe_load``: ``weights_only`` loading with an allow-list;
 - ``model_files`` / ``safetensors_io`` / ``save_model``: weights in and out (wrapper prefixes, tied weights,

@@ -81,8 +81,13 @@ def _hasten_version() -> str:
     return __version__
 
 
-def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **save_model_func_kwargs) -> str:
-    """Save the Accelerator's whole training state; returns the checkpoint folder (see ``Accelerator.save_state``)."""
+def save_state(accelerator, output_dir=None, safe_serialization: bool = True, async_save: bool = False,
+               **save_model_func_kwargs) -> str:
+    """Save the Accelerator's whole training state; returns the checkpoint folder (see ``Accelerator.save_state``).
+    ``async_save``: write the files in the background (``async_save.py``)."""
+    from . import async_save as background
+
+    background.wait_for_pending()  # the previous asynchronous save completes (or raises) before this one
     if save_model_func_kwargs:
         raise TypeError(
             f"save_state got {sorted(save_model_func_kwargs)}: extra model-saving options are passed to a backend's "
@@ -92,7 +97,9 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **
     folder, automatic = resolve_save_folder(project, output_dir)
     state = PartialState()
 
-    snapshot = together("collecting the state to save", take_snapshot, accelerator)
+    group = background.completion_group() if async_save else None  # collective, once, on the first async save
+    copy = (lambda taken: background.detached_copy(taken, reuse=True)) if async_save else (lambda taken: taken)
+    snapshot = together("collecting the state to save", lambda: copy(take_snapshot(accelerator)))
     if automatic:
         together("cleaning the checkpoints folder",
                  lambda: remove_stale_staging(folder.parent)
@@ -101,9 +108,13 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **
     transaction.begin()
     logger.info("Saving the state to %s", folder)
 
-    def write(staging: Path) -> None:
+    def run_hooks(staging: Path) -> None:
         for hook in list(accelerator._save_model_state_pre_hook.values()):
             hook(accelerator._models, snapshot.weights, str(staging))
+
+    def write(staging: Path) -> None:
+        if not async_save:
+            run_hooks(staging)
         if transaction.writes_shared_files:
             _write_shared_files(staging, snapshot, safe_serialization)
         _write_process_files(staging, snapshot, state.process_index)
@@ -118,14 +129,29 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **
                     f"{project.total_limit + 1} checkpoints while a save runs.", error.errno) from error
             raise
 
-    transaction.write(write_explained)
-    transaction.commit({
+    metadata = {
         "library": "hasten", "version": _hasten_version(), "num_processes": state.num_processes,
         "step": int(snapshot.rng.get("step", 0)), "safe_serialization": bool(safe_serialization),
         "models": len(snapshot.weights), "optimizers": len(snapshot.optimizers),
         "schedulers": len(snapshot.schedulers), "custom_objects": len(snapshot.custom),
         "data_loaders": len(snapshot.loaders),
-    })
+    }
+    if async_save:
+        transaction.write(run_hooks, during="running the save hooks")  # user code: on this thread, collectively
+        writer = transaction.writes_shared_files
+
+        def complete() -> None:
+            if writer:
+                transaction._complete(metadata)
+                if automatic:
+                    enforce_total_limit(folder.parent, project.total_limit, keep=folder)
+
+        background.start(background.PendingSave(folder, lambda: write_explained(transaction.staging), complete,
+                                                transaction.abandon, group))
+        project.iteration += 1
+        return str(folder)
+    transaction.write(write_explained)
+    transaction.commit(metadata)
     if automatic:  # by every process that wrote a copy (one per machine without a shared file system)
         together("removing old checkpoints",
                  lambda: enforce_total_limit(folder.parent, project.total_limit, keep=folder)

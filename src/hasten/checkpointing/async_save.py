@@ -1,0 +1,235 @@
+"""``save_state(..., async_save=True)``: the checkpoint is written while training continues.
+
+What runs before ``save_state`` returns (on the calling thread, with every collective step on the default
+process group, exactly as a synchronous save): agreeing on the folder, claiming the staging folder, the save
+hooks, and the snapshot, whose tensors are *copied* to CPU memory (``detached_copy``), so the training loop
+may change its parameters and optimizer state right away.
+
+What runs afterwards, in one background thread per process (``PendingSave``): writing this process's files
+into the staging folder (flushed to disk, checksummed), then the completion. The background threads never
+touch the default process group (the training loop's collectives run there, and two threads issuing
+collectives on one group would interleave in a different order on each process and hang): they agree on a
+dedicated gloo group created once, collectively, by the first asynchronous save (``completion_group``).
+Once every process's files are on disk the main process writes the completion marker, last, renames the
+staging folder into place and applies ``total_limit``. A process that dies before that leaves the staging
+folder, which is never loaded: the previous checkpoint stays the newest.
+
+At most one save is pending per process. The next ``save_state``, ``load_state``, ``wait_for_everyone`` and
+``Accelerator.wait_for_checkpoint`` wait for it first, and raise ``CheckpointError`` if it failed; a pending
+save is also finished when the interpreter exits normally.
+"""
+from __future__ import annotations
+
+import atexit
+import copy
+import dataclasses
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..state import PartialState
+from .errors import CheckpointError
+from .model_files import _alias_key
+
+__all__ = ["detached_copy", "release_snapshot_memory", "completion_group", "PendingSave", "start", "wait_for_pending", "pending"]
+
+logger = logging.getLogger(__name__)
+
+_group = None  # the gloo group the background threads agree on (one per process, created once)
+_group_lock = threading.Lock()
+_pending: Optional["PendingSave"] = None
+
+
+# ----------------------------------------------------------------------------- the snapshot's copy
+_buffers: list = []  # CPU tensors of the previous snapshot, reused by the next one (see detached_copy)
+
+
+def release_snapshot_memory() -> None:
+    """Free the CPU copy that asynchronous saves keep for the next one (waits for a pending save first)."""
+    wait_for_pending()
+    _buffers.clear()
+
+
+def _buffer(index: int, tensor: torch.Tensor, reuse: bool) -> torch.Tensor:
+    if reuse and index < len(_buffers):
+        found = _buffers[index]
+        if found.shape == tensor.shape and found.dtype == tensor.dtype and found.is_contiguous():
+            return found
+    pin = tensor.device.type == "cuda"
+    fresh = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
+    if reuse:
+        if index < len(_buffers):
+            _buffers[index] = fresh
+        else:
+            _buffers.append(fresh)
+    return fresh
+
+
+def detached_copy(obj: Any, reuse: bool = False) -> Any:
+    """A copy of a nested state (dicts, lists, tuples, tensors, plain values) sharing no memory with the live
+    objects: every tensor copied to CPU memory (two names of one tensor stay one tensor, so tied weights are
+    still stored once). Tensors on an accelerator are copied into pinned memory, with one synchronisation at
+    the end.
+
+    ``reuse``: copy into the CPU tensors of the previous call with ``reuse`` (same order, shapes and dtypes)
+    instead of new ones. Allocating (and the kernel zeroing) fresh memory costs several times more than the
+    copy itself, so an asynchronous save keeps its copy for the next one (one CPU copy of the state stays
+    allocated; ``release_snapshot_memory`` frees it). Only valid once the previous copy's save is complete."""
+    memo: dict = {}
+    devices: set = set()
+    count = [0]
+
+    def copy_tensor(tensor: torch.Tensor) -> torch.Tensor:
+        key = _alias_key(tensor)
+        if key is not None and key in memo:
+            return memo[key]
+        tensor = tensor.detach()
+        result = _buffer(count[0], tensor, reuse)
+        count[0] += 1
+        result.copy_(tensor, non_blocking=tensor.device.type == "cuda")
+        if tensor.device.type != "cpu":
+            devices.add(tensor.device)
+        if key is not None:
+            memo[key] = result
+        return result
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return copy_tensor(value)
+        if isinstance(value, dict):
+            copied = {key: walk(item) for key, item in value.items()}
+            if type(value) is dict:
+                return copied
+            try:
+                return type(value)(copied)
+            except TypeError:
+                return copied
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):
+            return tuple(walk(item) for item in value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return dataclasses.replace(value, **{field.name: walk(getattr(value, field.name))
+                                                 for field in dataclasses.fields(value) if field.init})
+        return copy.deepcopy(value)
+
+    result = walk(obj)
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return result
+
+
+# ----------------------------------------------------------------------------- agreeing in the background
+def completion_group():
+    """Collective on the first call (every process, from the calling thread): the gloo group that background
+    threads agree on; None when this is a single process."""
+    global _group
+    state = PartialState()
+    if not state.use_distributed:
+        return None
+    with _group_lock:
+        if _group is None:
+            import torch.distributed as dist
+
+            _group = dist.new_group(backend="gloo")
+        return _group
+
+
+def _agree(group, error: Optional[BaseException], during: str) -> Optional[BaseException]:
+    """Exchange outcomes over ``group``: this process's error, or an error naming the process that failed."""
+    if group is None:
+        return error
+    import torch.distributed as dist
+
+    outcome = None if error is None else (type(error).__name__, str(error))
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, outcome, group=group)
+    if error is not None:
+        return error
+    for index, found in enumerate(everyone):
+        if found is not None:
+            return CheckpointError(f"{during} failed on process {index} (so it stops here too): "
+                                   f"{found[0]}: {found[1]}")
+    return None
+
+
+# ----------------------------------------------------------------------------- the pending save
+class PendingSave:
+    """One save whose files are written by a background thread (see the module docstring)."""
+
+    def __init__(self, folder: Path, write: Callable[[], None], complete: Callable[[], None],
+                 abandon: Callable[[], None], group):
+        self.folder = folder
+        self._write, self._complete, self._abandon, self._group = write, complete, abandon, group
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="hasten-async-save", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            error = None
+            try:
+                self._write()
+            except BaseException as failure:  # noqa: BLE001 - agreed on, then reported by wait()
+                error = failure
+            error = _agree(self._group, error, "writing the checkpoint")
+            if error is not None:
+                self._abandon()
+                self.error = error
+                return
+            try:
+                self._complete()
+            except BaseException as failure:  # noqa: BLE001
+                error = failure
+            self.error = _agree(self._group, error, "completing the checkpoint")
+        except BaseException as failure:  # noqa: BLE001 - e.g. the group went away: never completes
+            self.error = self.error or failure
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def start(save: PendingSave) -> None:
+    global _pending
+    wait_for_pending()
+    _pending = save
+    save.start()
+
+
+def pending() -> Optional[PendingSave]:
+    """The asynchronous save of this process still being written, or None."""
+    return _pending if _pending is not None and not _pending.done() else None
+
+
+def wait_for_pending() -> Optional[str]:
+    """Wait until this process's asynchronous save (if any) is complete; returns its folder. Raises
+    ``CheckpointError`` if it failed (then it is forgotten: the previous checkpoint is still the newest)."""
+    global _pending
+    save = _pending
+    if save is None:
+        return None
+    save.join()
+    _pending = None
+    if save.error is not None:
+        raise CheckpointError(
+            f"The asynchronous save_state to {save.folder} failed, so it was never completed (the previous "
+            f"checkpoint is still the newest): {type(save.error).__name__}: {save.error}"
+        ) from save.error
+    return str(save.folder)
+
+
+@atexit.register
+def _finish_at_exit() -> None:
+    try:
+        wait_for_pending()
+    except CheckpointError as error:
+        logger.error("%s", error)

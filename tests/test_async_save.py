@@ -1,0 +1,123 @@
+"""save_state(async_save=True): overlap with training, a snapshot detached from live tensors, atomic completion,
+errors surfacing on the next call; and one 2-process run saving asynchronously while training with collectives."""
+import threading
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from hasten import Accelerator, ProjectConfiguration
+from hasten.checkpointing import CheckpointError, async_save, saving
+from hasten.checkpointing.atomic import is_complete, staging_folder
+from hasten.checkpointing.rotation import newest_complete_checkpoint
+from helpers import run_launch
+
+
+def build(**kwargs):
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True, **kwargs)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    train(accelerator, model, optimizer)
+    return accelerator, model, optimizer
+
+
+def train(accelerator, model, optimizer, steps=2):
+    for _ in range(steps):
+        accelerator.backward(model(torch.randn(3, 4)).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def blocked_writer(monkeypatch):
+    """Make the background writing wait for ``release``; ``started`` is set once it began."""
+    started, release = threading.Event(), threading.Event()
+    original = saving._write_shared_files
+
+    def write(*args, **kwargs):
+        started.set()
+        assert release.wait(20), "the test never released the writer"
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(saving, "_write_shared_files", write)
+    return started, release
+
+
+def test_async_save_overlaps_detaches_and_loads_like_a_sync_save(tmp_path, monkeypatch):
+    accelerator, model, optimizer = build()
+    accelerator.save_state(tmp_path / "sync")
+    expected = [p.detach().clone() for p in model.parameters()]
+
+    started, release = blocked_writer(monkeypatch)
+    folder = accelerator.save_state(tmp_path / "async", async_save=True)
+    assert started.wait(10)
+    assert async_save.pending() is not None  # returned while its files are still being written
+    assert not (tmp_path / "async").exists() and staging_folder(tmp_path / "async").is_dir()
+    train(accelerator, model, optimizer)  # training continues and changes parameters and moments in place
+    assert not torch.equal(next(model.parameters()), expected[0])
+    release.set()
+    assert accelerator.wait_for_checkpoint() == folder
+    assert is_complete(folder) and not staging_folder(tmp_path / "async").exists()
+    assert accelerator.wait_for_checkpoint() is None
+
+    sync, background = load_file(tmp_path / "sync" / "model.safetensors"), load_file(f"{folder}/model.safetensors")
+    assert sync.keys() == background.keys() and all(torch.equal(sync[k], background[k]) for k in sync)
+    sync_opt = torch.load(tmp_path / "sync" / "optimizer.bin", weights_only=True)
+    async_opt = torch.load(f"{folder}/optimizer.bin", weights_only=True)
+    for index, state in sync_opt["state"].items():
+        for key, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(async_opt["state"][index][key]))
+
+    accelerator.load_state(folder)
+    assert all(torch.equal(p, e) for p, e in zip(model.parameters(), expected))
+
+
+def test_detached_copy_keeps_tied_tensors_tied_and_shares_no_memory():
+    weight = torch.randn(3, 3)
+    state = {"a": weight, "b": weight.detach(), "nested": [{"x": torch.ones(2)}, 5, "s"]}
+    copied = async_save.detached_copy(state)
+    assert copied["a"].data_ptr() == copied["b"].data_ptr() != weight.data_ptr()
+    weight.add_(1)
+    assert not torch.equal(copied["a"], weight) and copied["nested"][1:] == [5, "s"]
+    first = async_save.detached_copy({"w": weight}, reuse=True)["w"]
+    weight.add_(1)
+    second = async_save.detached_copy({"w": weight}, reuse=True)["w"]  # the next save's copy reuses the memory
+    assert second.data_ptr() == first.data_ptr() and torch.equal(second, weight)
+    async_save.release_snapshot_memory()
+
+
+def test_failed_background_write_keeps_the_previous_checkpoint_and_raises_on_the_next_call(tmp_path, monkeypatch):
+    project = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    accelerator, model, optimizer = build(project_config=project)
+    first = accelerator.save_state()
+    started, release = blocked_writer(monkeypatch)
+    accelerator.save_state(async_save=True)
+    assert started.wait(10)
+    root = tmp_path / "checkpoints"
+    assert newest_complete_checkpoint(root).name == "checkpoint_0"  # a crash now: the previous one stays newest
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(saving, "_write_process_files", broken)
+    release.set()
+    with pytest.raises(CheckpointError, match="asynchronous save_state.*checkpoint_1.*never completed"):
+        accelerator.save_state(async_save=True)  # the next call surfaces the background error
+    assert str(newest_complete_checkpoint(root)) == first
+    assert not (root / "checkpoint_1").exists() and not staging_folder(root / "checkpoint_1").exists()
+    assert accelerator.wait_for_checkpoint() is None  # reported once
+
+    monkeypatch.undo()
+    for _ in range(3):  # checkpoint_2..4 (1 was never completed); rotation after completion: total_limit=2
+        accelerator.save_state(async_save=True)
+        train(accelerator, model, optimizer, steps=1)
+    accelerator.wait_for_everyone()  # waits for the pending save
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint_3", "checkpoint_4"]
+    assert accelerator.load_state().endswith("checkpoint_4")
+
+
+def test_two_processes_save_asynchronously_while_training(tmp_path):
+    result = run_launch("check_async_save.py", tmp_path, timeout=120)
+    assert "ASYNC SAVE OK" in result.stdout
