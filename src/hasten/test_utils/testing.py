@@ -3,8 +3,7 @@
 
 Every ``require_*`` decorator is a ``unittest.skipUnless`` on a check made when the decorator is applied
 (at import of the test module), so it works with both unittest and pytest. The checks are hasten's own
-(``hasten.utils.imports``) where hasten has one, else a direct look at torch or ``importlib.util.find_spec``:
-asking never imports a heavy optional package, and never initialises CUDA.
+(``hasten.utils``): asking never imports a heavy optional package, and never initialises CUDA.
 """
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ from unittest import mock
 import torch
 
 from ..utils import imports as _imports
-from ..utils.environment import patch_environment, str_to_bool
+from ..utils.environment import str_to_bool
 from ..utils.versions import compare_versions, is_torch_version
 
 __all__ = [
@@ -55,18 +54,9 @@ __all__ = [
 # ---------------------------------------------------------------- availability checks
 
 
-def _hasten_check(name: str, fallback, *args, **kwargs) -> bool:
-    """``hasten.utils.<name>(*args, **kwargs)`` (``hasten.utils.imports`` first) when hasten defines it, else
-    ``fallback()``: a direct look at torch or ``find_spec``."""
-    check = getattr(_imports, name, None)
-    if check is None:
-        try:
-            check = getattr(importlib.import_module("hasten.utils"), name, None)
-        except ImportError:
-            check = None
-    if check is None:
-        return bool(fallback())
-    return bool(check(*args, **kwargs))
+def _check(name: str, *args, **kwargs) -> bool:
+    """hasten's own availability check ``hasten.utils.<name>``."""
+    return bool(getattr(importlib.import_module("hasten.utils"), name)(*args, **kwargs))
 
 
 def _package(module: str) -> bool:
@@ -77,90 +67,32 @@ def _package(module: str) -> bool:
         return False
 
 
-def _package_check(name: str, module: str) -> bool:
-    return _hasten_check(name, lambda: _package(module))
-
-
-def _torch_backend(device: str, module: Optional[str] = None) -> bool:
-    """Whether ``torch.<device>`` is available; ``module`` is the plugin that registers it (``torch_npu`` ...)."""
-    if module is not None and not _package(module):
-        return False
-    try:
-        if module is not None:
-            importlib.import_module(module)
-        backend = getattr(torch, device, None)
-        return backend is not None and bool(backend.is_available())
-    except Exception:  # a broken driver or plugin means "not available", not a failing test module
-        return False
-
-
 def _cuda() -> bool:
-    def fallback():
-        with patch_environment(PYTORCH_NVML_BASED_CUDA_CHECK="1"):  # asks NVML; CUDA stays uninitialised
-            return torch.cuda.is_available()
-
-    return _hasten_check("is_cuda_available", fallback)
-
-
-@functools.lru_cache(maxsize=None)
-def _xla_device_type() -> Optional[str]:
-    import torch_xla.runtime as xr  # only called when torch_xla is installed
-
-    return xr.device_type()
+    return _imports.is_cuda_available()
 
 
 def _torch_xla(check_is_tpu: bool = False) -> bool:
-    def fallback():
-        if not _package("torch_xla") or not parse_flag_from_env("USE_TORCH_XLA", default=True):
-            return False
-        if check_is_tpu:
-            try:
-                return _xla_device_type() == "TPU"
-            except Exception:
-                return False
-        return True
-
-    if check_is_tpu:
-        return _hasten_check("is_torch_xla_available", fallback, check_is_tpu=True)
-    return _hasten_check("is_torch_xla_available", fallback)
+    return _imports.is_torch_xla_available(check_is_tpu=check_is_tpu)
 
 
 def _mps() -> bool:
-    def fallback():
-        mps = getattr(torch.backends, "mps", None)
-        return mps is not None and mps.is_available() and mps.is_built()
-
-    return _hasten_check("is_mps_available", fallback)
+    return _imports.is_mps_available()
 
 
 def _xpu() -> bool:
-    return _hasten_check("is_xpu_available", lambda: _torch_backend("xpu"))
+    return _imports.is_xpu_available()
 
 
 def _hpu() -> bool:
-    return _hasten_check("is_hpu_available", lambda: _torch_backend("hpu", "habana_frameworks.torch"))
+    return _imports.is_hpu_available()
 
 
 def _habana_gaudi1() -> bool:
-    def fallback():
-        if not _hpu():
-            return False
-        try:
-            import habana_frameworks.torch.utils.experimental as htexp
-
-            return htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi
-        except Exception:
-            return False
-
-    return _hasten_check("is_habana_gaudi1", fallback)
-
-
-_DEVICE_PLUGINS = {"mlu": "torch_mlu", "sdaa": "torch_sdaa", "musa": "torch_musa", "npu": "torch_npu",
-                   "neuron": "torch_neuronx"}
+    return _imports.is_habana_gaudi1()
 
 
 def _plugin_device(device: str) -> bool:
-    return _hasten_check(f"is_{device}_available", lambda: _torch_backend(device, _DEVICE_PLUGINS[device]))
+    return _check(f"is_{device}_available")
 
 
 def _device_count(device: str) -> int:
@@ -172,37 +104,20 @@ def _device_count(device: str) -> int:
 
 
 def _fp8_libraries() -> bool:
-    return _hasten_check("is_fp8_available", lambda: _package("msamp") or _transformer_engine() or _package("torchao"))
+    return _imports.is_fp8_available()
 
 
 def _cuda_fp8_capability() -> bool:
     """Whether the current CUDA GPU computes in fp8 (compute capability 8.9: Ada, Hopper and newer)."""
-    def fallback():
-        try:
-            return tuple(torch.cuda.get_device_capability()) >= (8, 9)
-        except Exception:
-            return False
-
-    return _hasten_check("check_cuda_fp8_capability", fallback)
+    return _check("check_cuda_fp8_capability")
 
 
 def _transformer_engine() -> bool:
-    module = "intel_transformer_engine" if _hpu() else "transformer_engine"
-    return _package_check("is_transformer_engine_available", module)
+    return _imports.is_transformer_engine_available()
 
 
 def _transformer_engine_mxfp8() -> bool:
-    def fallback():
-        if not _package("transformer_engine"):
-            return False
-        try:
-            from transformer_engine.pytorch.fp8 import check_mxfp8_support
-
-            return bool(check_mxfp8_support()[0])
-        except Exception:
-            return False
-
-    return _hasten_check("is_transformer_engine_mxfp8_available", fallback)
+    return _imports.is_transformer_engine_mxfp8_available()
 
 
 def _version_at_least(package: str, version: str) -> bool:
@@ -438,7 +353,7 @@ def require_multi_gpu_or_xpu(test_case):
 
 def require_fp16(test_case):
     """Run only where fp16 is supported (everywhere but Gaudi 1)."""
-    available = _hasten_check("is_fp16_available", lambda: not _habana_gaudi1())
+    available = _check("is_fp16_available")
     return _skip_unless(available, "test requires FP16 support")(test_case)
 
 
@@ -472,7 +387,7 @@ def require_torch_min_version(test_case=None, version=None):
 
 def require_pippy(test_case):
     """Run only where pipeline parallelism is possible (torch >= 2.4, not Gaudi 1)."""
-    available = _hasten_check("is_pippy_available", lambda: is_torch_version(">=", "2.4.0"))
+    available = _check("is_pippy_available")
     return _skip_unless(available and not _habana_gaudi1(), "test requires pippy")(test_case)
 
 
@@ -485,129 +400,125 @@ def require_tp(test_case):
 
 def require_torchdata_stateful_dataloader(test_case):
     """Run only where torchdata's ``StatefulDataLoader`` is installed."""
-    available = _hasten_check("is_torchdata_stateful_dataloader_available",
-                              lambda: _package("torchdata") and _package("torchdata.stateful_dataloader"))
+    available = _check("is_torchdata_stateful_dataloader_available")
     return _skip_unless(available, "test requires torchdata.stateful_dataloader")(test_case)
 
 
 # ---------------------------------------------------------------- optional packages
 
 
-def _require_package(check: str, module: str, reason: str):
+def _require_package(check: str, reason: str):
     def decorator(test_case):
-        return _skip_unless(_package_check(check, module), reason)(test_case)
+        return _skip_unless(_check(check), reason)(test_case)
 
     return decorator
 
 
 def require_peft(test_case):
     """Run only where PEFT is installed."""
-    return _require_package("is_peft_available", "peft", "test requires PEFT")(test_case)
+    return _require_package("is_peft_available", "test requires PEFT")(test_case)
 
 
 def require_datasets(test_case):
     """Run only where 🤗 Datasets is installed."""
-    return _require_package("is_datasets_available", "datasets", "test requires the datasets library")(test_case)
+    return _require_package("is_datasets_available", "test requires the datasets library")(test_case)
 
 
 def require_transformers(test_case):
     """Run only where 🤗 Transformers is installed."""
-    return _require_package("is_transformers_available", "transformers",
-                            "test requires the transformers library")(test_case)
+    return _require_package("is_transformers_available", "test requires the transformers library")(test_case)
 
 
 def require_huggingface_suite(test_case):
     """Run only where both Transformers and Datasets are installed."""
-    available = (_package_check("is_transformers_available", "transformers")
-                 and _package_check("is_datasets_available", "datasets"))
+    available = (_check("is_transformers_available")
+                 and _check("is_datasets_available"))
     return _skip_unless(available, "test requires the Hugging Face suite")(test_case)
 
 
 def require_timm(test_case):
     """Run only where timm is installed."""
-    return _require_package("is_timm_available", "timm", "test requires the timm library")(test_case)
+    return _require_package("is_timm_available", "test requires the timm library")(test_case)
 
 
 def require_torchvision(test_case):
     """Run only where torchvision is installed."""
-    return _require_package("is_torchvision_available", "torchvision",
-                            "test requires the torchvision library")(test_case)
+    return _require_package("is_torchvision_available", "test requires the torchvision library")(test_case)
 
 
 def require_triton(test_case):
     """Run only where triton is installed."""
-    return _require_package("is_triton_available", "triton", "test requires the triton library")(test_case)
+    return _require_package("is_triton_available", "test requires the triton library")(test_case)
 
 
 def require_schedulefree(test_case):
     """Run only where schedulefree is installed."""
-    return _require_package("is_schedulefree_available", "schedulefree",
-                            "test requires the schedulefree library")(test_case)
+    return _require_package("is_schedulefree_available", "test requires the schedulefree library")(test_case)
 
 
 def require_bnb(test_case):
     """Run only where bitsandbytes is installed."""
-    return _require_package("is_bnb_available", "bitsandbytes", "test requires the bitsandbytes library")(test_case)
+    return _require_package("is_bnb_available", "test requires the bitsandbytes library")(test_case)
 
 
 def require_deepspeed(test_case):
     """Run only where DeepSpeed is installed."""
-    return _require_package("is_deepspeed_available", "deepspeed", "test requires DeepSpeed")(test_case)
+    return _require_package("is_deepspeed_available", "test requires DeepSpeed")(test_case)
 
 
 def require_tensorboard(test_case):
     """Run only where TensorBoard is installed."""
-    return _require_package("is_tensorboard_available", "tensorboard", "test requires Tensorboard")(test_case)
+    return _require_package("is_tensorboard_available", "test requires Tensorboard")(test_case)
 
 
 def require_wandb(test_case):
     """Run only where wandb is installed."""
-    return _require_package("is_wandb_available", "wandb", "test requires wandb")(test_case)
+    return _require_package("is_wandb_available", "test requires wandb")(test_case)
 
 
 def require_trackio(test_case):
     """Run only where trackio is installed."""
-    return _require_package("is_trackio_available", "trackio", "test requires trackio")(test_case)
+    return _require_package("is_trackio_available", "test requires trackio")(test_case)
 
 
 def require_comet_ml(test_case):
     """Run only where comet_ml is installed."""
-    return _require_package("is_comet_ml_available", "comet_ml", "test requires comet_ml")(test_case)
+    return _require_package("is_comet_ml_available", "test requires comet_ml")(test_case)
 
 
 def require_aim(test_case):
     """Run only where aim is installed."""
-    return _require_package("is_aim_available", "aim", "test requires aim")(test_case)
+    return _require_package("is_aim_available", "test requires aim")(test_case)
 
 
 def require_clearml(test_case):
     """Run only where clearml is installed."""
-    return _require_package("is_clearml_available", "clearml", "test requires clearml")(test_case)
+    return _require_package("is_clearml_available", "test requires clearml")(test_case)
 
 
 def require_dvclive(test_case):
     """Run only where dvclive is installed."""
-    return _require_package("is_dvclive_available", "dvclive", "test requires dvclive")(test_case)
+    return _require_package("is_dvclive_available", "test requires dvclive")(test_case)
 
 
 def require_swanlab(test_case):
     """Run only where swanlab is installed."""
-    return _require_package("is_swanlab_available", "swanlab", "test requires swanlab")(test_case)
+    return _require_package("is_swanlab_available", "test requires swanlab")(test_case)
 
 
 def require_pandas(test_case):
     """Run only where pandas is installed."""
-    return _require_package("is_pandas_available", "pandas", "test requires pandas")(test_case)
+    return _require_package("is_pandas_available", "test requires pandas")(test_case)
 
 
 def require_mlflow(test_case):
     """Run only where MLflow is installed."""
-    return _require_package("is_mlflow_available", "mlflow", "test requires mlflow")(test_case)
+    return _require_package("is_mlflow_available", "test requires mlflow")(test_case)
 
 
 def require_import_timer(test_case):
     """Run only where the import_timer (tuna) package is installed."""
-    return _require_package("is_import_timer_available", "import_timer", "test requires tuna interpreter")(test_case)
+    return _require_package("is_import_timer_available", "test requires tuna interpreter")(test_case)
 
 
 def require_transformer_engine(test_case):
@@ -623,19 +534,18 @@ def require_transformer_engine_mxfp8(test_case):
 
 def require_torchao(test_case):
     """Run only where torchao is installed."""
-    return _require_package("is_torchao_available", "torchao", "test requires torchao")(test_case)
+    return _require_package("is_torchao_available", "test requires torchao")(test_case)
 
 
 def require_matplotlib(test_case):
     """Run only where matplotlib is installed."""
-    return _require_package("is_matplotlib_available", "matplotlib", "test requires matplotlib")(test_case)
+    return _require_package("is_matplotlib_available", "test requires matplotlib")(test_case)
 
 
 _atleast_one_tracker_available = (
-    any(_package_check(check, module) for check, module in (
-        ("is_wandb_available", "wandb"), ("is_tensorboard_available", "tensorboard"),
-        ("is_trackio_available", "trackio"), ("is_swanlab_available", "swanlab")))
-    and not _package_check("is_comet_ml_available", "comet_ml")
+    any(_check(name) for name in (
+        "is_wandb_available", "is_tensorboard_available", "is_trackio_available", "is_swanlab_available"))
+    and not _check("is_comet_ml_available")
 )
 
 

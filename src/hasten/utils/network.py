@@ -11,7 +11,7 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def is_port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether something already listens on ``host:port``."""
+def is_port_in_use(port: int | None = None, host: str = "127.0.0.1") -> bool:
+    """Whether something already listens on ``host:port`` (default port 29500, torchrun's)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        return sock.connect_ex((host, int(port))) == 0
+        return sock.connect_ex((host, 29500 if port is None else int(port))) == 0

@@ -18,7 +18,7 @@ from typing import Optional
 from ..compile import compile_regions, repeated_block_containers
 from .modeling import extract_model_from_parallel, get_module_children_bottom_up, id_tensor_storage
 from .network import find_free_port
-from .network import is_port_in_use as _is_port_in_use
+from .network import is_port_in_use
 from .serialization import load, save
 
 __all__ = ["is_compiled_module", "has_compiled_regions", "is_repeated_blocks", "has_repeated_blocks",
@@ -178,11 +178,6 @@ def merge_dicts(source: dict, destination: dict) -> dict:
         else:
             destination[key] = value
     return destination
-
-
-def is_port_in_use(port: Optional[int] = None) -> bool:
-    """Whether something listens on ``localhost:port`` (default 29500, torchrun's default port)."""
-    return _is_port_in_use(29500 if port is None else port, host="localhost")
 
 
 def get_free_port() -> int:
