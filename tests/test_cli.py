@@ -15,8 +15,8 @@ import yaml
 from helpers import ROOT, clean_env
 from hasten.commands import cli
 from hasten.commands import launch as launch_command
-from hasten.commands._errors import CommandError
-from hasten.commands._launch_plan import RUNNER_MODULE, build_plan
+from hasten.commands.errors import CommandError
+from hasten.commands.launch_plan import RUNNER_MODULE, build_plan
 from hasten.commands.launch import launch_command_parser, load_launch_config
 
 

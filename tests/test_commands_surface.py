@@ -16,7 +16,7 @@ import yaml
 
 from helpers import ROOT, clean_env
 from hasten.commands import cli
-from hasten.commands._errors import CommandError
+from hasten.commands.errors import CommandError
 from hasten.utils.planned import NotYetSupportedError
 
 # (module, the names it must define): the reference's layout, checked here without the reference installed
@@ -449,13 +449,29 @@ def test_launch_helpers_of_missing_backends_and_small_helpers(script, monkeypatc
     with pytest.raises(NotYetSupportedError, match="--fp8_margin"):
         launch.setup_fp8_env(argparse.Namespace(fp8_margin=2), {})
     for call in (lambda: launch.prepare_deepspeed_cmd_env(args), lambda: launch.prepare_tpu(args, {}),
-                 lambda: launch.prepare_sagemager_args_inputs(None, args),
-                 lambda: launch.prepare_extend_env_parallelism_config(args, {})):
+                 lambda: launch.prepare_sagemager_args_inputs(None, args)):
         with pytest.raises(NotYetSupportedError):
             call()
     monkeypatch.setenv("MY_PATH", os.pathsep.join(["/a", "", "/b"]))
     assert launch.env_var_path_add("MY_PATH", "/c") == os.pathsep.join(["/a", "/b", "/c"])
     assert launch.env_var_path_add("NO_SUCH_PATH_VAR", "/c") == "/c"
+
+
+def test_prepare_extend_env_parallelism_config_adds_the_parallelism_variables():
+    """Accelerate's helper: the switch and every option given become the variables ParallelismConfig reads."""
+    from hasten.commands.errors import CommandError
+    from hasten.utils import launch
+
+    args = argparse.Namespace(parallelism_config_dp_shard_size=2, parallelism_config_tp_size=2,
+                              parallelism_config_cp_size=None, num_processes=4)
+    env = launch.prepare_extend_env_parallelism_config(args, {"A": "1"})
+    assert env == {"A": "1", "HASTEN_USE_PARALLELISM_CONFIG": "true", "HASTEN_PARALLELISM_CONFIG_DP_SHARD_SIZE": "2",
+                   "HASTEN_PARALLELISM_CONFIG_TP_SIZE": "2"}
+    assert launch.prepare_extend_env_parallelism_config(argparse.Namespace(), {}) == {
+        "HASTEN_USE_PARALLELISM_CONFIG": "true"}
+    with pytest.raises(CommandError, match="dp_shard_size=2 x tp_size=2 = 4 processes, but the job has 2"):
+        launch.prepare_extend_env_parallelism_config(
+            argparse.Namespace(parallelism_config_dp_shard_size=2, parallelism_config_tp_size=2, num_processes=2), {})
 
 
 def test_prepare_for_launch_gives_each_spawned_process_its_ranks(monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 import torch.nn as nn
 
 from hasten.commands import estimate
-from hasten.commands._errors import CommandError
+from hasten.commands.errors import CommandError
 
 MODEL_SOURCE = '''
 import torch

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from helpers import DISTRIBUTED, ROOT, _one_multiprocess_job_at_a_time, clean_env, run_launch
-from hasten.commands import _failure_summary as summary
-from hasten.commands._launch_plan import store_on_loopback
+from hasten.commands import failure_summary as summary
+from hasten.commands.launch_plan import store_on_loopback
 
 SCRIPT = "launch_faults.py"
 

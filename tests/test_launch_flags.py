@@ -8,8 +8,8 @@ import pytest
 
 from hasten.commands import cli
 from hasten.commands import launch as launch_command
-from hasten.commands._launch_options import BACKEND_GROUPS
-from hasten.commands._launch_plan import build_plan
+from hasten.commands.launch_options import BACKEND_GROUPS
+from hasten.commands.launch_plan import build_plan
 from hasten.commands.launch import launch_command_parser
 from hasten.utils.planned import NotYetSupportedError
 
@@ -161,11 +161,11 @@ def test_when_a_backend_lands_its_flags_reach_the_plugin_variables(script, monke
     """Marking a group ready is all it takes: the flags become the HASTEN_* variables its plugin reads."""
     import dataclasses
 
-    from hasten.commands import _launch_options
+    from hasten.commands import launch_options
 
     ready = tuple(dataclasses.replace(group, ready=group.title in ("FSDP", "DeepSpeed"))
-                  for group in _launch_options.BACKEND_GROUPS)
-    monkeypatch.setattr(_launch_options, "BACKEND_GROUPS", ready)
+                  for group in launch_options.BACKEND_GROUPS)
+    monkeypatch.setattr(launch_options, "BACKEND_GROUPS", ready)
     plan = plan_for(["--use_fsdp", "--fsdp_version", "2", "--fsdp_offload_params", "true", "--zero_stage", "3",
                      "--deepspeed_config_file", "ds.json", "-n", "2", script])
     assert {key: value for key, value in plan.env.items() if key.startswith("HASTEN_")} == {

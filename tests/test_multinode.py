@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env
-from hasten.commands._errors import CommandError
-from hasten.commands._launch_plan import build_plan
-from hasten.commands._slurm import expand_nodelist, first_host, slurm_layout
+from hasten.commands.errors import CommandError
+from hasten.commands.launch_plan import build_plan
+from hasten.commands.slurm import expand_nodelist, first_host, slurm_layout
 from hasten.commands.launch import launch_command_parser, load_launch_config
 
 SLURM_2_NODES = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",

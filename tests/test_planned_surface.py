@@ -422,8 +422,9 @@ def test_convert_model_to_fp8_ao_without_torchao_names_the_package(monkeypatch):
 
 
 def test_fsdp_helpers_that_work_without_fsdp(monkeypatch):
-    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
-    monkeypatch.delenv("FSDP_CPU_RAM_EFFICIENT_LOADING", raising=False)
+    for name in ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING"):
+        monkeypatch.setenv(name, "")  # recorded, so the variables the helper sets are removed after the test
+        monkeypatch.delenv(name)
     fsdp_utils.enable_fsdp_ram_efficient_loading()
     assert os.environ["ACCELERATE_USE_FSDP"] == "True" and os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "True"
     fsdp_utils.disable_fsdp_ram_efficient_loading()

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from hasten.commands import estimate
-from hasten.commands._errors import CommandError
+from hasten.commands.errors import CommandError
 from hasten.utils import fsdp_utils
 from hasten.utils.safe_dcp import UnsafeCheckpointError
 

@@ -3,7 +3,7 @@
 The public names match Hugging Face Accelerate's, so ``from accelerate import X`` becomes
 ``from hasten import X``. Names are imported lazily from the module that defines them.
 """
-from .utils._lazy import build_table, lazy_exports
+from .utils.lazy import build_table, lazy_exports
 
 __version__ = "0.1.0"
 

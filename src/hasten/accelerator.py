@@ -22,17 +22,16 @@ from .accumulation import GradientAccumulator
 from .compile import apply_dynamo_plugin, remove_regional_compilation
 from .config.accelerator_settings import SPLIT_BATCHES_UNSET, check_log_with_names, resolve_accelerator_settings
 from .config.booleans import parse_bool
-from .config.kwargs import AutocastKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs
+from .config.kwargs import AutocastKwargs, InitProcessGroupKwargs, ProfileKwargs
 from .evaluation import gather_for_metrics as _gather_for_metrics
 from .logging import get_logger
 from .optimizer import AcceleratedOptimizer
-from .precision import MixedPrecision
+from .parallel import ParallelDims, resolve_parallelism_config
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState
 from .strategies import select_strategy
 from .utils import operations
 from .utils.memory import release_memory
-from .utils.planned import not_yet_supported
 from .utils.serialization import save as _save
 
 __all__ = ["Accelerator"]
@@ -40,7 +39,7 @@ __all__ = ["Accelerator"]
 # Names scripts written for Accelerate also import from this module (``from accelerate.accelerator import
 # DataLoaderConfiguration``); they resolve, lazily, to hasten's own objects.
 _ALSO_IMPORTABLE_HERE = (
-    "DataLoaderConfiguration", "DeepSpeedPlugin", "DistributedType", "FullyShardedDataParallelPlugin",
+    "DataLoaderConfiguration", "DeepSpeedPlugin", "DistributedType", "FullyShardedDataParallelPlugin", "GradScalerKwargs",
     "DistributedDataParallelKwargs", "ParallelismConfig", "PartialState", "skip_first_batches",
     "AORecipeKwargs", "DynamoBackend", "FP8RecipeKwargs", "GradientAccumulationPlugin", "KwargsHandler",
     "LoggerType", "MegatronLMPlugin", "MSAMPRecipeKwargs", "PrecisionType", "ProjectConfiguration", "RNGType",
@@ -100,9 +99,6 @@ class Accelerator:
                 f"Experiment tracking (log_with={log_with!r}) is not yet supported by hasten; it is planned. Remove "
                 "log_with, or log with your tracker's own API meanwhile."
             )
-        if parallelism_config is not None:
-            raise not_yet_supported("parallelism_config (N-D parallelism: tensor, context, sharded data)",
-                                    "train with DDP (no parallelism_config)")
         settings = resolve_accelerator_settings(
             mixed_precision=mixed_precision, cpu=cpu, gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin, dynamo_backend=dynamo_backend,
@@ -114,22 +110,25 @@ class Accelerator:
         init_kwargs = {}
         if InitProcessGroupKwargs in self.handlers:
             init_kwargs = {k: v for k, v in self.handlers[InitProcessGroupKwargs].to_kwargs().items() if v is not None}
+        parallelism_config = resolve_parallelism_config(parallelism_config)  # argument, else the launcher's
         self.state = AcceleratorState(
             mixed_precision=_precision_for_state(mixed_precision, settings.mixed_precision), cpu=settings.cpu,
             dynamo_plugin=settings.dynamo_plugin,
             deepspeed_plugin=deepspeed_plugin or deepspeed_plugins, fsdp_plugin=fsdp_plugin,
-            torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin, _from_accelerator=True,
-            **init_kwargs,
+            torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin,
+            parallelism_config=parallelism_config, _from_accelerator=True, **init_kwargs,
         )
+        dims = ParallelDims.from_config(parallelism_config, self.state.num_processes)  # validated: sizes fit
         self.strategy = select_strategy(
-            self.state, self.handlers, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins,
+            self.state, self.handlers, dims, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins,
             fsdp_plugin=fsdp_plugin, megatron_lm_plugin=megatron_lm_plugin, torch_tp_plugin=torch_tp_plugin,
         )
         self.strategy.setup()
+        if parallelism_config is not None and self.state.use_distributed:  # the run's one DeviceMesh, built once
+            self.state.device_mesh = dims.build_mesh(self.device.type)
         self.device_placement = device_placement
-        self.precision = MixedPrecision(self.state.mixed_precision, self.device,
-                                        scaler_kwargs=self.handlers.get(GradScalerKwargs),
-                                        autocast_kwargs=self.handlers.get(AutocastKwargs))
+        self.precision = self.strategy.precision  # chosen by the strategy, with it
+        self.state.precision = self.precision  # get_mixed_precision_context_manager asks it
         self.scaler = self.precision.scaler
         self.dynamo_plugin = settings.dynamo_plugin
         self.dataloader_config = settings.dataloader_config
@@ -300,28 +299,28 @@ class Accelerator:
         """Whether this process writes model files (the local main process without N-D parallelism)."""
         return self.state.is_local_main_process if self.parallelism_config is None else True
 
-    # Without tensor / pipeline / context parallelism or sharded data parallelism, every process is one
-    # data-parallel rank: its rank in each model-parallel dimension is 0.
+    # Ranks along each dimension of the layout (``strategy.layout``); without a ParallelismConfig every process
+    # is one data-parallel rank and its rank along each model-parallel dimension is 0.
     @property
     def tensor_parallel_rank(self) -> int:
-        return 0
+        return self.strategy.layout.tp_rank
 
     @property
     def pipeline_parallel_rank(self) -> int:
-        return 0
+        return 0  # pipeline parallelism builds no mesh dimension yet
 
     @property
     def context_parallel_rank(self) -> int:
-        return 0
+        return self.strategy.layout.cp_rank
 
     @property
     def data_parallel_shard_rank(self) -> int:
-        return 0
+        return self.strategy.layout.dp_shard_rank
 
     @property
     def data_parallel_rank(self) -> int:
-        """This process's rank among the data-parallel replicas (its process index)."""
-        return self.process_index
+        """This process's rank among the data-parallel ranks (its process index without model parallelism)."""
+        return self.strategy.layout.dp_rank
 
     @property
     def fp8_backend(self):
@@ -416,10 +415,16 @@ class Accelerator:
 
     def _prepare_training(self, models, optimizers, model_placement, optimizer_placement, evaluation_mode=False):
         originals = list(models) + list(optimizers)
+        if optimizers and not models and self.strategy.prepares_models_with_optimizers:
+            raise ValueError(
+                f"{type(self.strategy).__name__} prepares each model together with its optimizer, and this "
+                f"prepare() call got {len(optimizers)} optimizer(s) without their model: pass them in one call, "
+                "model, optimizer = accelerator.prepare(model, optimizer)."
+            )
         self._check_optimizers_belong_to_models(models, optimizers)
-        models = [self.precision.wrap_forward(model) for model in models]
-        models, raw_optimizers = self.strategy.prepare_training(models, optimizers, model_placement, evaluation_mode)
-        models = [apply_dynamo_plugin(model, self.dynamo_plugin) for model in models]
+        models, raw_optimizers = self.strategy.prepare_training(
+            models, optimizers, model_placement, evaluation_mode,
+            compile_model=lambda model: apply_dynamo_plugin(model, self.dynamo_plugin))
         wrapped = [AcceleratedOptimizer(opt, device_placement=place, scaler=self.scaler)
                    for opt, place in zip(raw_optimizers, optimizer_placement)]
         for original in originals:
@@ -496,7 +501,8 @@ class Accelerator:
 
         options = self.dataloader_config.to_kwargs()
         prepared = prepare_data_loader(
-            data_loader, device=self.device, num_processes=self.num_processes, process_index=self.process_index,
+            data_loader, device=self.device, num_processes=self.strategy.data_parallel_size,
+            process_index=self.strategy.data_parallel_rank,
             put_on_device=self._placement(device_placement), rng_types=list(self.rng_types),
             slice_fn_for_dispatch=slice_fn_for_dispatch, **options,
         )
@@ -524,16 +530,12 @@ class Accelerator:
                 f"backward() needs a scalar loss, got a tensor of shape {tuple(loss.shape)}. Reduce it first "
                 "(loss.mean() or loss.sum()), or pass gradient=... as torch's backward allows."
             )
-        if num_items_in_batch is not None:
-            if float(num_items_in_batch) <= 0:
-                raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch!r}.")
-            # sum-reduced loss / items of the whole cycle; undo the average over processes that DDP applies
-            loss = loss * (self.num_processes / num_items_in_batch)
-        elif self.gradient_accumulation_steps > 1:
-            loss = loss / self.gradient_accumulation_steps
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        self.strategy.backward(loss, **kwargs)
+        if num_items_in_batch is not None and float(num_items_in_batch) <= 0:
+            raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch!r}.")
+        # normalisation (accumulation, items over the data-parallel ranks), fp16 scaling: the strategy's
+        self.strategy.backward(loss, self._models[0] if len(self._models) == 1 else None,
+                               accumulation_steps=self.gradient_accumulation_steps,
+                               num_items_in_batch=num_items_in_batch, **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models):
@@ -605,9 +607,7 @@ class Accelerator:
             return
         optimizers = self._optimizers if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple))
                                                                   else [optimizer])
-        for opt in optimizers:
-            inner = opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt
-            self.scaler.unscale_(inner)
+        self.strategy.unscale_gradients(optimizers)
 
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
         """Clip the gradients' total norm (after unscaling fp16 gradients); returns the norm before clipping.
@@ -618,27 +618,33 @@ class Accelerator:
         if not self.sync_gradients:
             return None
         self.unscale_gradients()
-        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type, models=self._models,
+                                             optimizers=self._optimizers)
 
     def clip_grad_value_(self, parameters, clip_value) -> None:
         """Clamp every gradient to ``[-clip_value, clip_value]`` (after unscaling fp16 gradients)."""
         if not self.sync_gradients:
             return
         self.unscale_gradients()
-        self.strategy.clip_grad_value_(parameters, clip_value)
+        self.strategy.clip_grad_value_(parameters, clip_value, models=self._models, optimizers=self._optimizers)
 
     # ------------------------------------------------------------------ processes and evaluation
+    # Gathers and reductions run over the data-parallel processes (all of them without model parallelism): the
+    # ranks of one tensor/context-parallel group hold the same results, which must count once.
+    @torch.no_grad()
     def gather(self, tensor):
-        """All-gather (nested) tensors from every process, concatenated on dim 0."""
-        return operations.gather(tensor)
+        """All-gather (nested) tensors from every data-parallel process, concatenated on dim 0."""
+        return operations._gather(tensor, "gather", self.strategy.data_processes())
 
     def gather_for_metrics(self, input_data, use_gather_object: bool = False):
         """Gather evaluation results, dropping the samples ``even_batches`` duplicated: each sample once."""
-        return _gather_for_metrics(input_data, use_gather_object=use_gather_object)
+        return _gather_for_metrics(input_data, use_gather_object=use_gather_object,
+                                   processes=self.strategy.data_processes())
 
     def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
-        """Reduce (nested) tensors across processes: "sum" (default here), "mean", "max", "min" or "none"."""
-        return operations.reduce(tensor, reduction=reduction, scale=scale)
+        """Reduce (nested) tensors across the data-parallel processes: "sum" (default here), "mean", "max",
+        "min" or "none"."""
+        return operations._reduce(tensor, reduction, scale, self.strategy.data_processes())
 
     def pad_across_processes(self, tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
         """Pad (nested) tensors on ``dim`` to the largest size across processes, so they can be gathered."""
@@ -840,6 +846,23 @@ class Accelerator:
         save_model(self.strategy, model, save_directory, max_shard_size=max_shard_size,
                    safe_serialization=safe_serialization,
                    save_on_each_node=self.project_configuration.save_on_each_node)
+
+    def checkpoint_targets(self):
+        """What ``save_state`` / ``load_state`` save and restore, as one explicit ``CheckpointTargets``: the
+        prepared models, optimizers, schedulers and loaders in preparation order, the scaler, registered
+        objects, the accumulation step and the save / load hooks."""
+        from .checkpointing.targets import CheckpointTargets
+
+        def set_step(step: int) -> None:
+            self._accumulator.step = int(step)
+
+        return CheckpointTargets(
+            models=list(self._models), optimizers=list(self._optimizers), schedulers=list(self._schedulers),
+            dataloaders=list(self._dataloaders), scaler=self.scaler, custom_objects=list(self._custom_objects),
+            step=self._accumulator.step, set_step=set_step,
+            save_hooks=list(self._save_model_state_pre_hook.values()),
+            load_hooks=list(self._load_model_state_pre_hook.values()), device=self.device,
+        )
 
     def register_for_checkpointing(self, *objects) -> None:
         """Save and restore ``objects`` (each with ``state_dict()`` / ``load_state_dict()``) with the state."""

@@ -25,18 +25,20 @@ def _all_tensors(data) -> bool:
         return False
 
 
-def gather_for_metrics(input_data, use_gather_object: bool = False):
+def gather_for_metrics(input_data, use_gather_object: bool = False, processes=None):
     """Gather ``input_data`` from every process, without the samples ``even_batches`` duplicated.
 
     Tensors (nested in lists/tuples/dicts) are gathered along dim 0; anything else, or with
     ``use_gather_object=True``, goes through ``gather_object`` (lists from every process concatenated).
-    Tensors may have a different first dimension on each process.
+    Tensors may have a different first dimension on each process. ``processes``: the data-parallel processes
+    to gather from (a ``ProcessView``; the whole run by default): under tensor or context parallelism the ranks
+    of one model replica hold the same results, and gathering from all of them would count each sample again.
     """
     use_gather_object = use_gather_object or not _all_tensors(input_data)
     if use_gather_object:
-        data = _gather_object(input_data, "gather_for_metrics")
+        data = _gather_object(input_data, "gather_for_metrics", processes)
     else:
-        data = _gather(input_data, "gather_for_metrics")
+        data = _gather(input_data, "gather_for_metrics", processes)
     state = GradientState()
     if not state.end_of_dataloader or state.remainder <= 0:
         return data

@@ -26,7 +26,7 @@ def test_launch():
 class _NamedEntrypoint:
     """The launched callable, under a ``__name__`` and ``__qualname__`` (torchrun's agent logs its entrypoint's
     name; a ``functools.partial`` or a callable object has none). In the worker it first asks to end with the
-    launching process (Linux, see ``hasten.commands._parent_watch``): a killed notebook leaves no workers
+    launching process (Linux, see ``hasten.commands.parent_watch``): a killed notebook leaves no workers
     behind. Picklable when the callable is (spawn start method)."""
 
     def __init__(self, function: Callable):
@@ -41,7 +41,7 @@ class _NamedEntrypoint:
                 else type(function).__qualname__)
 
     def __call__(self, *args):
-        from .commands._parent_watch import end_with_parent
+        from .commands.parent_watch import end_with_parent
 
         end_with_parent(self.launcher_pid)
         return self.function(*args)
@@ -111,7 +111,7 @@ def notebook_launcher(function: Callable, args=(), num_processes=None, mixed_pre
         )
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from .commands._loopback_store import is_loopback, loopback_backend
+    from .commands.loopback_store import is_loopback, loopback_backend
 
     rdzv_configs = dict(rdzv_conf or {})
     if rdzv_backend == "static":

@@ -17,8 +17,7 @@ from .utils.operations import convert_to_fp32
 
 __all__ = ["get_grad_scaler", "get_mixed_precision_context_manager", "MixedPrecision"]
 
-# Distributed types whose engines run their own bf16 / fp8 casting: autocast keeps the device default there.
-_OWN_LOW_PRECISION = (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
+_AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
 def _device_type() -> str:
@@ -60,9 +59,9 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     """``torch.autocast`` for the run's device and mixed precision, or a ``nullcontext`` when ``native_amp`` is
     False (mixed precision off).
 
-    The dtype comes from ``AcceleratorState().mixed_precision`` when that state exists: ``fp16`` -> float16,
-    ``bf16`` and ``fp8`` -> bfloat16 (except under DeepSpeed / Megatron-LM, which cast themselves); otherwise the
-    device's autocast default. ``autocast_kwargs`` (dict or ``AutocastKwargs``) go to ``torch.autocast``.
+    The dtype is the running strategy's precision's ``autocast_dtype`` once an Accelerator exists (a backend
+    whose engine casts itself leaves it None), else from ``AcceleratorState().mixed_precision``: ``fp16`` ->
+    float16, ``bf16`` and ``fp8`` -> bfloat16; otherwise the device's autocast default. ``autocast_kwargs`` (dict or ``AutocastKwargs``) go to ``torch.autocast``.
     """
     options = _autocast_options(autocast_kwargs)
     if not native_amp:
@@ -72,10 +71,8 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     dtype = None
     if AcceleratorState._shared_state:
         state = AcceleratorState()
-        if state.mixed_precision == "fp16":
-            dtype = torch.float16
-        elif state.mixed_precision in ("bf16", "fp8") and state.distributed_type not in _OWN_LOW_PRECISION:
-            dtype = torch.bfloat16
+        precision = getattr(state, "precision", None)  # the running strategy's, which decides (engines cast themselves)
+        dtype = precision.autocast_dtype if precision is not None else _AUTOCAST_DTYPES.get(state.mixed_precision)
     if dtype is not None:
         options.setdefault("dtype", dtype)
     return torch.autocast(device_type=_device_type(), **options)
@@ -117,6 +114,8 @@ class MixedPrecision:
         # built once: the forward wrapper enters autocast on every call
         self._autocast_options = _autocast_options(autocast_kwargs)
         self._autocast_options.setdefault("dtype", torch.float16 if mode == "fp16" else torch.bfloat16)
+        #: the dtype autocast computes in (None: mixed precision off)
+        self.autocast_dtype = self._autocast_options["dtype"] if self.native_amp else None
         if mode == "fp16":
             if device.type == "cpu":
                 _warn_once("fp16 mixed precision on the CPU works but is much slower than bf16 (about 27x here); "

@@ -420,9 +420,6 @@ class AcceleratorState:
                     f"changed to {mixed_precision!r}. Call AcceleratorState._reset_state() first (tests only)."
                 )
             return
-        if parallelism_config is not None:
-            raise not_yet_supported("parallelism_config (N-D parallelism: tensor, context, sharded data)",
-                                    "train with DDP (no parallelism_config)")
         self._partial = PartialState(cpu, **kwargs)
         value, _ = resolve(
             "mixed_precision", mixed_precision, argument_name="mixed_precision=",
@@ -435,7 +432,7 @@ class AcceleratorState:
         self.torch_tp_plugin = torch_tp_plugin
         self.megatron_lm_plugin = megatron_lm_plugin
         self.parallelism_config = parallelism_config
-        self.device_mesh = None  # the DeviceMesh of N-D parallelism (none without parallelism_config)
+        self.device_mesh = None  # the DeviceMesh of N-D parallelism, built by the Accelerator's strategy layout
 
     @property
     def initialized(self) -> bool:

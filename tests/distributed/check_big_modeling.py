@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from hasten.big_modeling import _checkpoint_files, load_checkpoint_in_model
+from hasten.big_modeling import checkpoint_files, load_checkpoint_in_model
 from hasten.state import PartialState
 
 
@@ -81,7 +81,7 @@ def main():
         def refuse(*args, **kwargs):
             raise AssertionError("a rank other than 0 opened the checkpoint")
 
-        _checkpoint_files.SafetensorsFile.tensors = refuse
+        checkpoint_files.SafetensorsFile.tensors = refuse
     for source in (checkpoint, os.path.join(folder, "sharded")):
         model = sharded_model(mesh)
         load_checkpoint_in_model(model, source if rank == 0 else "/nonexistent/checkpoint", broadcast_from_rank0=True)

@@ -1,7 +1,7 @@
 """Run with `hasten launch -n 2 ... OUT_DIR`: a worker's exit keeps what a normal Python exit guarantees.
 
 An unclosed file is flushed, a non-daemon thread finishes, atexit handlers run, and `sys.exit(3)` on the last
-rank becomes the job's exit status — although workers skip the interpreter teardown (see _run_script.py).
+rank becomes the job's exit status — although workers skip the interpreter teardown (see run_script.py).
 """
 import atexit
 import os

@@ -2,7 +2,7 @@
 
 The names match ``accelerate.big_modeling`` and ``accelerate.utils``; each is imported on first use.
 """
-from ..utils._lazy import build_table, lazy_exports
+from ..utils.lazy import build_table, lazy_exports
 
 _EXPORTS = build_table({
     "hasten.big_modeling.init_context": ["init_empty_weights", "init_on_device"],
@@ -10,7 +10,8 @@ _EXPORTS = build_table({
                                   "get_max_memory", "get_balanced_memory", "convert_file_size_to_int",
                                   "dtype_byte_size", "calculate_maximum_sizes"],
     "hasten.big_modeling.device_map": ["infer_auto_device_map", "check_device_map", "clean_device_map"],
-    "hasten.big_modeling.loading": ["load_state_dict", "load_checkpoint_in_model", "set_module_tensor_to_device"],
+    "hasten.big_modeling.loading": ["load_state_dict", "load_checkpoint_in_model"],
+    "hasten.big_modeling.tensor_placement": ["set_module_tensor_to_device"],
     "hasten.big_modeling.offload": ["offload_state_dict", "load_offloaded_weights", "OffloadedWeightsLoader",
                                     "offload_weight", "load_offloaded_weight", "save_offload_index",
                                     "PrefixedDataset", "extract_submodules_state_dict"],
@@ -23,7 +24,7 @@ _EXPORTS = build_table({
                                   "CpuOffload", "UserCpuOffloadHook"],
     "hasten.big_modeling.dispatch": ["dispatch_model", "cpu_offload", "cpu_offload_with_hook", "disk_offload",
                                      "load_checkpoint_and_dispatch"],
-    "hasten.big_modeling._tensors": ["named_module_tensors", "get_non_persistent_buffers"],
+    "hasten.big_modeling.module_tensors": ["named_module_tensors", "get_non_persistent_buffers"],
     "hasten.big_modeling.layerwise_casting": ["attach_layerwise_casting_hooks", "LayerwiseCastingHook"],
 })
 

@@ -8,8 +8,8 @@ from typing import Optional
 
 import torch.nn as nn
 
-from ._devices import check_device_value
-from ._planner import DevicePlanner
+from .device_checks import check_device_value
+from .planner import DevicePlanner
 from .sizes import _as_class_names, _as_dtype, get_max_memory
 
 __all__ = ["infer_auto_device_map", "check_device_map", "clean_device_map"]

@@ -11,8 +11,8 @@ from typing import Optional, Union
 import torch
 import torch.nn as nn
 
-from ._devices import require_present
-from ._tensors import get_tensor
+from .device_checks import require_present
+from .module_tensors import get_tensor
 from .device_map import check_device_map, infer_auto_device_map
 from .hooks import (AlignDevicesHook, CpuOffload, UserCpuOffloadHook, add_hook_to_module, attach_align_device_hook,
                     attach_align_device_hook_on_blocks)

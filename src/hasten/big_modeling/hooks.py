@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 
 from ..utils.operations import find_device, send_to_device
-from ._tensors import get_non_persistent_buffers, get_tensor, named_module_tensors
-from .loading import set_module_tensor_to_device
+from .module_tensors import get_non_persistent_buffers, get_tensor, named_module_tensors
+from .tensor_placement import set_module_tensor_to_device
 from .offload import PrefixedDataset
 
 __all__ = ["ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module", "remove_hook_from_submodules",
@@ -377,7 +377,7 @@ class CpuOffload(ModelHook):
             previous = next(self.prev_module_hook.model.parameters(), None)
             if previous is not None and previous.device != torch.device("cpu"):
                 self.prev_module_hook.offload()
-                from ._device_memory import empty_cache
+                from .device_memory import empty_cache
 
                 empty_cache(previous.device)
         first = next(module.parameters(), None)

@@ -14,7 +14,8 @@ from typing import Optional, Union
 
 import torch
 
-from ._tensors import tensor_bytes_view
+from .module_tensors import tensor_bytes_view
+from .tensor_placement import set_module_tensor_to_device
 
 __all__ = ["offload_weight", "load_offloaded_weight", "save_offload_index", "offload_state_dict",
            "load_offloaded_weights", "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict"]
@@ -107,8 +108,6 @@ def offload_state_dict(save_dir: Union[str, os.PathLike], state_dict: dict[str, 
 def load_offloaded_weights(model: torch.nn.Module, index: dict, offload_folder: Union[str, os.PathLike]) -> None:
     """Put every tensor listed in ``index`` back into ``model``, on the CPU (copied into RAM: the model must not
     depend on the folder, which may be deleted)."""
-    from .loading import set_module_tensor_to_device
-
     if not index:
         return
     for name, info in index.items():

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .hooks import AlignDevicesHook, SequentialHook
-from .loading import set_module_tensor_to_device
+from .tensor_placement import set_module_tensor_to_device
 
 __all__ = ["has_offloaded_params", "align_module_device", "get_state_dict_offloaded_model",
            "get_state_dict_from_offload"]

@@ -13,8 +13,8 @@ from typing import Optional, Union
 import torch
 import torch.nn as nn
 
-from ._device_memory import accelerator_count, accelerator_type, available_memory
-from ._tensors import walk_modules
+from .device_memory import accelerator_count, accelerator_type, available_memory
+from .module_tensors import walk_modules
 
 __all__ = ["compute_module_sizes", "compute_module_total_buffer_size", "get_max_layer_size", "get_max_memory",
            "get_balanced_memory", "convert_file_size_to_int", "dtype_byte_size", "calculate_maximum_sizes"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ._tensors import owner_of, walk_modules
+from .module_tensors import owner_of, walk_modules
 
 __all__ = ["find_tied_parameters", "retie_parameters"]
 

@@ -1,8 +1,10 @@
 """``save_state``: write everything a run needs to continue exactly, as one complete checkpoint folder.
 
-Order: take a snapshot of every state (``snapshot.py``), stage a folder (``transaction.py``), run the
-save hooks, write the files (``layout.py`` names them), complete the folder atomically (``atomic.py``),
-then, with automatic naming, delete checkpoints beyond ``total_limit`` (``rotation.py``).
+Order: the strategy collects every state (``Strategy.collect_checkpoint``: a full-state ``Snapshot`` by
+default), a folder is staged (``transaction.py``), the save hooks run, the strategy writes its files into the
+staging folder (``Strategy.write_checkpoint``; ``layout.py`` names the default ones), the folder is completed
+atomically (``atomic.py``: the marker lists every process's files), then, with automatic naming, checkpoints
+beyond ``total_limit`` are deleted (``rotation.py``). The transaction is the same for every strategy.
 """
 from __future__ import annotations
 
@@ -12,14 +14,10 @@ import os
 from pathlib import Path
 
 from ..state import PartialState
-from . import layout
 from .agreement import together
 from .errors import CheckpointWriteError
-from .model_files import drop_aliases
 from .rotation import checkpoints_root, enforce_total_limit, next_automatic_folder, remove_stale_staging
-from .snapshot import Snapshot, take_snapshot
 from .transaction import SaveTransaction
-from .writers import write_pickle, write_tensors
 
 __all__ = ["save_state", "resolve_save_folder"]
 
@@ -50,31 +48,6 @@ def resolve_save_folder(project_configuration, output_dir) -> tuple[Path, bool]:
     return folder, False
 
 
-def _write_shared_files(folder: Path, snapshot: Snapshot, safe_serialization: bool) -> None:
-    for index, weights in enumerate(snapshot.weights):
-        if weights is None:
-            continue
-        path = folder / layout.model_file(index, safe_serialization)
-        if safe_serialization:
-            write_tensors(drop_aliases(weights)[0], path, metadata={"format": "pt"}, checksum=True)
-        else:
-            write_pickle(weights, path, checksum=True)
-    for index, state in enumerate(snapshot.optimizers):
-        write_pickle(state, folder / layout.optimizer_file(index), checksum=True)
-    for index, state in enumerate(snapshot.schedulers):
-        write_pickle(state, folder / layout.scheduler_file(index), checksum=True)
-    if snapshot.scaler is not None:
-        write_pickle(snapshot.scaler, folder / layout.SCALER_NAME, checksum=True)
-    for index, state in enumerate(snapshot.custom):
-        write_pickle(state, folder / layout.custom_object_file(index), checksum=True)
-
-
-def _write_process_files(folder: Path, snapshot: Snapshot, process_index: int) -> None:
-    write_pickle(snapshot.rng, folder / layout.rng_file(process_index), checksum=True)
-    if snapshot.loaders:
-        write_pickle(snapshot.loaders, folder / layout.loader_states_file(process_index), checksum=True)
-
-
 def _hasten_version() -> str:
     from .. import __version__
 
@@ -99,7 +72,8 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, as
 
     group = background.completion_group() if async_save else None  # collective, once, on the first async save
     copy = (lambda taken: background.detached_copy(taken, reuse=True)) if async_save else (lambda taken: taken)
-    snapshot = together("collecting the state to save", lambda: copy(take_snapshot(accelerator)))
+    strategy, targets = accelerator.strategy, accelerator.checkpoint_targets()
+    snapshot = together("collecting the state to save", lambda: copy(strategy.collect_checkpoint(targets)))
     if automatic:
         together("cleaning the checkpoints folder",
                  lambda: remove_stale_staging(folder.parent)
@@ -109,15 +83,14 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, as
     logger.info("Saving the state to %s", folder)
 
     def run_hooks(staging: Path) -> None:
-        for hook in list(accelerator._save_model_state_pre_hook.values()):
-            hook(accelerator._models, snapshot.weights, str(staging))
+        for hook in list(targets.save_hooks):
+            hook(targets.models, snapshot.weights, str(staging))
 
     def write(staging: Path) -> None:
         if not async_save:
             run_hooks(staging)
-        if transaction.writes_shared_files:
-            _write_shared_files(staging, snapshot, safe_serialization)
-        _write_process_files(staging, snapshot, state.process_index)
+        strategy.write_checkpoint(staging, snapshot, writes_shared_files=transaction.writes_shared_files,
+                                  process_index=state.process_index, safe_serialization=safe_serialization)
 
     def write_explained(staging: Path) -> None:
         try:

@@ -1,7 +1,7 @@
-"""Everything a checkpoint holds, taken from the Accelerator in one place before anything is written.
+"""Everything a full-state checkpoint holds, taken from the ``CheckpointTargets`` before anything is written.
 
-Model and optimizer states come from the strategy (sharded backends produce their own); the rest from the
-prepared objects themselves. Taking it all first means a failure (an object whose ``state_dict`` raises)
+Model and optimizer states come from the strategy (each given its model); the rest from the prepared objects
+themselves. Taking it all first means a failure (an object whose ``state_dict`` raises)
 happens before the disk is touched, and the random states are those of the moment ``save_state`` was called.
 """
 from __future__ import annotations
@@ -31,14 +31,15 @@ def _loader_state(loader) -> Optional[Any]:
     return state_dict() if callable(state_dict) else None
 
 
-def take_snapshot(accelerator) -> Snapshot:
-    strategy = accelerator.strategy
+def take_snapshot(strategy, targets) -> Snapshot:
+    """Collective under sharded strategies (their state dicts gather): every process calls it."""
     return Snapshot(
-        weights=[state_dict_for_checkpoint(strategy, model) for model in accelerator._models],
-        optimizers=[strategy.optimizer_state_dict(optimizer) for optimizer in accelerator._optimizers],
-        schedulers=[scheduler.state_dict() for scheduler in accelerator._schedulers],
-        scaler=accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
-        loaders=[_loader_state(loader) for loader in accelerator._dataloaders],
-        custom=[obj.state_dict() for obj in accelerator._custom_objects],
-        rng=capture_rng_states(step=accelerator._accumulator.step),
+        weights=[state_dict_for_checkpoint(strategy, model) for model in targets.models],
+        optimizers=[strategy.optimizer_state_dict(targets.model_of(optimizer), optimizer)
+                    for optimizer in targets.optimizers],
+        schedulers=[scheduler.state_dict() for scheduler in targets.schedulers],
+        scaler=targets.scaler.state_dict() if targets.scaler is not None else None,
+        loaders=[_loader_state(loader) for loader in targets.dataloaders],
+        custom=[obj.state_dict() for obj in targets.custom_objects],
+        rng=capture_rng_states(step=targets.step),
     )

@@ -15,7 +15,7 @@ from typing import Optional
 from ..state import PartialState
 from ..utils.serialization import save as _save_from_one_process
 from . import layout
-from .loading import _model_path
+from .full_state_reader import model_path
 from .model_files import drop_aliases, fill_aliases, match_keys
 from .rng import capture_rng_states, restore_rng_states
 from .safe_load import load_pickle_file, load_safetensors_file
@@ -95,7 +95,7 @@ def load_accelerator_state(input_dir, models: list, optimizers: list, schedulers
     overrides = {}
 
     for index, model in enumerate(models):
-        path = _model_path(folder, index)  # model.safetensors, else pytorch_model.bin
+        path = model_path(folder, index)  # model.safetensors, else pytorch_model.bin
         what = f"weights of model {index}"
         loaded = (load_safetensors_file(path, what, device=device) if path.suffix == ".safetensors"
                   else load_pickle_file(path, what, map_location=device, load_kwargs=load_kwargs))

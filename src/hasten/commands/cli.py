@@ -11,7 +11,7 @@ import sys
 from typing import Optional, Sequence
 
 from ..utils.planned import NotYetSupportedError
-from ._errors import CommandError
+from .errors import CommandError
 from .utils import CustomArgumentParser
 
 # subcommand -> module defining add_parser(subparsers) and run(args) -> int

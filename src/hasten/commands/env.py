@@ -7,7 +7,7 @@ import os
 import platform
 import sys
 
-from ._flags import add_flag
+from .flags import add_flag
 from .utils import command_parser
 
 __all__ = ["add_parser", "run", "environment_report", "env_command_parser", "env_command", "main"]

@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from ._errors import CommandError
+from .errors import CommandError
 from .utils import command_parser
 
 __all__ = ["add_parser", "run", "estimate", "build_empty_model", "format_table", "human_bytes",

@@ -2,7 +2,7 @@
 
 The processes are started and watched by torchrun's elastic agent (``torch.distributed.run``), called in
 this process: hasten only turns its flags and the config file into torchrun's arguments and ``HASTEN_*``
-environment variables (see ``_launch_plan``). When one rank fails, the agent stops the others and the
+environment variables (see ``launch_plan``). When one rank fails, the agent stops the others and the
 job ends with a non-zero status and the failing rank's traceback.
 """
 from __future__ import annotations
@@ -11,13 +11,14 @@ import argparse
 import os
 import sys
 
-from ._errors import CommandError
-from ._flags import OneSpellingHelpFormatter, add_flag
-from ._launch_options import BACKEND_GROUPS, add_backend_options, backend_not_yet_supported
-from ._failure_summary import root_cause, signal_hint
-from ._launch_plan import LaunchPlan, build_plan
-from ._loopback_store import launch_with_loopback_store
-from ._parent_watch import LAUNCHER_PID_ENV
+from .errors import CommandError
+from .failure_summary import root_cause, signal_hint
+from .flags import OneSpellingHelpFormatter, add_flag
+from .launch_options import BACKEND_GROUPS, add_backend_options, backend_not_yet_supported
+from .launch_parallelism import add_parallelism_options
+from .launch_plan import LaunchPlan, build_plan
+from .loopback_store import launch_with_loopback_store
+from .parent_watch import LAUNCHER_PID_ENV
 
 __all__ = ["add_parser", "run", "launch_command_parser", "launch_command", "main", "load_launch_config", "execute",
            "CustomHelpFormatter", "clean_option", "options_to_group", "simple_launcher", "multi_gpu_launcher",
@@ -104,6 +105,7 @@ def _define(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_flag(program, "tee", "-t", default=None, metavar="STREAMS",
              help="also write stdout/stderr to files in --log_dir: 1 stdout, 2 stderr, 3 both")
     add_flag(program, "log_dir", default=None, metavar="DIR", help="where torchrun writes the workers' logs")
+    add_parallelism_options(parser, add_flag)
     add_backend_options(parser, add_flag)
     parser.add_argument("training_script", metavar="SCRIPT", help="the Python script (or module, or executable)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="...",

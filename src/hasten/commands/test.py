@@ -11,7 +11,7 @@ import argparse
 import subprocess
 import sys
 
-from ._flags import add_flag
+from .flags import add_flag
 from .utils import command_parser
 
 __all__ = ["add_parser", "run", "sanity_launch_command", "test_command", "test_command_parser", "main"]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from ._errors import CommandError
-from ._flags import add_flag
+from .errors import CommandError
+from .flags import add_flag
 from .utils import command_parser
 
 __all__ = ["add_parser", "run", "to_fsdp2_command", "to_fsdp2_command_parser", "convert_config_to_fsdp2",

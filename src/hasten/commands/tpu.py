@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from ..utils.planned import not_yet_supported
-from ._flags import add_flag
+from .flags import add_flag
 from .utils import command_parser
 
 __all__ = ["add_parser", "run", "tpu_command_parser", "tpu_command_launcher", "main"]

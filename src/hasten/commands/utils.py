@@ -1,13 +1,13 @@
 """Accelerate's argument-parser classes: every ``--multi_word`` option also answers to ``--multi-word``.
 
-hasten's own commands declare their flags with ``_flags.add_flag``; these classes give code written against
+hasten's own commands declare their flags with ``flags.add_flag``; these classes give code written against
 ``accelerate.commands.utils`` the same behaviour, through the same spelling rule.
 """
 from __future__ import annotations
 
 import argparse
 
-from ._flags import OneSpellingHelpFormatter, with_both_spellings
+from .flags import OneSpellingHelpFormatter, with_both_spellings
 
 __all__ = ["CustomArgumentParser", "CustomArgumentGroup"]
 

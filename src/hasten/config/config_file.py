@@ -20,7 +20,7 @@ from .enums import ComputeEnvironment, DistributedType, DynamoBackend, Precision
 from .env_aliases import get_setting
 
 __all__ = ["default_config_file", "default_config_path", "write_basic_config", "load_config_file",
-           "normalize_config", "CONFIG_HOME_ENV", "CONFIG_FILE_NAME"]
+           "normalize_config", "CONFIG_HOME_ENV", "CONFIG_FILE_NAME", "PARALLELISM_KEYS"]
 
 logger = logging.getLogger(__name__)
 
@@ -222,6 +222,44 @@ def _dynamo_config(value):
     return value
 
 
+def _one_of(*choices: str) -> Callable:
+    def check(value):
+        text = str(value).strip().lower() if isinstance(value, str) else value
+        if text not in choices:
+            raise _Invalid(f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+        return text
+
+    return check
+
+
+# parallelism_config's keys, as Accelerate writes them (``parallelism_config_`` prefix; also read without it)
+PARALLELISM_PREFIX = "parallelism_config_"
+PARALLELISM_KEYS: dict = {PARALLELISM_PREFIX + key: check for key, check in (
+    ("dp_replicate_size", _integer(1)), ("dp_shard_size", _integer(1)), ("tp_size", _integer(1)),
+    ("cp_size", _integer(1)), ("cp_backend", _one_of("torch")), ("cp_comm_strategy", _one_of("allgather", "alltoall")),
+    ("sp_size", _integer(1)), ("sp_backend", _one_of("deepspeed")), ("sp_seq_length", _integer(1)),
+    ("sp_seq_length_is_variable", _boolean), ("sp_attn_implementation", _text))}
+
+
+def _parallelism_config(value):
+    """The ``parallelism_config`` section, keys with their ``parallelism_config_`` prefix, values checked."""
+    result = {}
+    for key, item in _mapping(value).items():
+        full = key if str(key).startswith(PARALLELISM_PREFIX) else PARALLELISM_PREFIX + str(key)
+        if full not in PARALLELISM_KEYS:
+            raise _Invalid(_unknown_keys_message([key], list(PARALLELISM_KEYS)) + "; the keys are "
+                           + ", ".join(PARALLELISM_KEYS))
+        if full in result:
+            raise _Invalid(f"{full!r} is given twice (with and without the {PARALLELISM_PREFIX!r} prefix)")
+        if item is None:
+            continue
+        try:
+            result[full] = PARALLELISM_KEYS[full](item)
+        except _Invalid as error:
+            raise _Invalid(f"{full}: {error}") from None
+    return result
+
+
 # Every key of Accelerate's cluster and SageMaker configs, with its check. Checks return the normalised value.
 KNOWN_KEYS: dict = {
     "compute_environment": _enum(ComputeEnvironment, "compute_environment"),
@@ -245,7 +283,7 @@ KNOWN_KEYS: dict = {
     "fp8_config": _mapping,
     "deepspeed_config": _mapping,
     "fsdp_config": _mapping,
-    "parallelism_config": _mapping,
+    "parallelism_config": _parallelism_config,
     "megatron_lm_config": _mapping,
     "mpirun_config": _mapping,
     "tpu_name": _text,

@@ -1,11 +1,11 @@
 """``ParallelismConfig``: the sizes of the data / tensor / context / sequence parallel dimensions, and their handlers.
 
-A real, self-validating dataclass in the spirit of torchtitan's ``ParallelDims``: unset sizes come from the
-launcher's environment (``HASTEN_PARALLELISM_CONFIG_<SIZE>``, or ``ACCELERATE_PARALLELISM_CONFIG_<SIZE>``), then 1.
-``build_device_mesh`` builds the ``torch.distributed.DeviceMesh`` with the named dimensions (``dp_replicate``,
-``dp_shard``, ``cp``, ``sp``, ``tp``, plus the flattened ``dp``, ``dp_shard_cp``, ``dp_cp``); such a mesh can
-already be given to ``prepare_data_loader(torch_device_mesh=...)``. Training with tensor, context or sequence
-parallelism through the Accelerator is planned, not built yet.
+A self-validating dataclass (Accelerate's ``ParallelismConfig``): unset sizes come from the launcher's environment
+(``HASTEN_PARALLELISM_CONFIG_<SIZE>``, or ``ACCELERATE_PARALLELISM_CONFIG_<SIZE>`` / ``PARALLELISM_CONFIG_<SIZE>``),
+then 1. The layout of the processes over these sizes, and the one ``DeviceMesh``, belong to
+``hasten.parallel.ParallelDims``; ``build_device_mesh`` / ``get_device_mesh`` build it through that class (named
+dimensions ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``, plus the flattened ``dp``, ``dp_shard_cp``, ``dp_cp``).
+Such a mesh can already be given to ``prepare_data_loader(torch_device_mesh=...)``.
 """
 from __future__ import annotations
 
@@ -13,16 +13,19 @@ import copy
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
-
-import torch
+from typing import TYPE_CHECKING, Literal, Optional, Union
 
 from .env_fields import as_bool, as_choice, as_int, from_env
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
     "TorchTensorParallelPlugin", "TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig",
-    "TorchTensorParallelConfig", "ParallelismConfig",
+    "TorchTensorParallelConfig", "ParallelismConfig", "SIZE_FIELDS", "check_size_combination",
 ]
+
+SIZE_FIELDS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
 
 _MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 _SP_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
@@ -30,6 +33,18 @@ _SP_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
 
 def _setting(owner: str, field: str, value, default, parse, name: Optional[str] = None):
     return from_env(owner, field, value, default, parse, setting=f"parallelism_config_{name or field}")
+
+
+def check_size_combination(dp_replicate_size: int = 1, dp_shard_size: int = 1, tp_size: int = 1, cp_size: int = 1,
+                           sp_size: int = 1) -> None:
+    """Raise ``ValueError`` for sizes that cannot work together (also checked by ``hasten launch``)."""
+    if cp_size > 1 and sp_size > 1:
+        raise ValueError(f"Context parallelism and sequence parallelism exclude each other: got "
+                         f"cp_size={cp_size} and sp_size={sp_size}; set one of them to 1.")
+    if (tp_size > 1 or cp_size > 1) and dp_replicate_size > 1 and dp_shard_size == 1:
+        raise ValueError("Tensor/context parallelism cannot be combined with pure data-parallel replication "
+                         f"(dp_replicate_size={dp_replicate_size}, dp_shard_size=1): set dp_shard_size > 1 (FSDP + "
+                         "TP/CP, or HSDP + TP/CP with dp_replicate_size > 1).")
 
 
 @dataclass
@@ -143,13 +158,7 @@ class ParallelismConfig:
                                  f"{type(self.cp_handler).__name__}.")
         if self.sp_size > 1 and self.sp_handler is None:
             self.sp_handler = DeepSpeedSequenceParallelConfig()
-        if self.cp_size > 1 and self.sp_size > 1:
-            raise ValueError(f"Context parallelism and sequence parallelism exclude each other: got "
-                             f"cp_size={self.cp_size} and sp_size={self.sp_size}; set one of them to 1.")
-        if (self.tp_size > 1 or self.cp_size > 1) and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
-            raise ValueError("Tensor/context parallelism cannot be combined with pure data-parallel replication "
-                             "(dp_replicate_size > 1, dp_shard_size == 1): set dp_shard_size > 1 (FSDP + TP/CP, or "
-                             "HSDP + TP/CP with dp_replicate_size > 1).")
+        check_size_combination(**{field: getattr(self, field) for field in SIZE_FIELDS})
         self._sizes = {"dp_replicate": self.dp_replicate_size, "dp_shard": self.dp_shard_size, "tp": self.tp_size,
                        "cp": self.cp_size, "sp": self.sp_size}
 
@@ -222,27 +231,21 @@ class ParallelismConfig:
         return self.dp_dim_names + self.non_dp_dim_names
 
     def build_device_mesh(self, device_type: str):
-        """The ``DeviceMesh`` of the enabled dimensions (None when none is, or for DeepSpeed sequence parallelism,
-        which builds its own groups). Needs the process group initialised with ``total_size`` processes."""
+        """A new ``DeviceMesh`` of the enabled dimensions (None when none is, or for DeepSpeed sequence parallelism,
+        which builds its own groups), built by ``ParallelDims``. Needs ``total_size`` processes."""
         if self.sp_backend == "deepspeed" and self.sp_size > 1:
             return None
-        mesh = self._get_mesh()
-        if not mesh:
+        if not self._get_mesh():
             return None
-        from torch.distributed.device_mesh import init_device_mesh
+        import torch.distributed as dist
 
-        names, shape = mesh
-        world = (torch.distributed.get_world_size() if torch.distributed.is_initialized()
+        from ..parallel.dims import ParallelDims
+
+        world = (dist.get_world_size() if dist.is_available() and dist.is_initialized()
                  else int(os.environ.get("WORLD_SIZE", "1")))
-        if world != self.total_size:
-            raise ValueError(f"ParallelismConfig.total_size ({self.total_size}) does not match the number of "
-                             f"processes ({world}); adjust the sizes or launch {self.total_size} processes.")
-        device_mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-        for joint, dims in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names),
-                            ("dp_cp", self.dp_cp_dim_names)):
-            if dims:
-                device_mesh[tuple(dims)]._flatten(joint)
-        return device_mesh
+        dims = ParallelDims(dp_replicate=self.dp_replicate_size, dp_shard=self.dp_shard_size, cp=self.cp_size,
+                            tp=self.tp_size, world_size=world)
+        return dims.build_mesh(device_type)
 
     def get_device_mesh(self, device_type: Optional[str] = None):
         """The mesh, built on first use for ``device_type``; a later different ``device_type`` is an error."""

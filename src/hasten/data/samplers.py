@@ -6,6 +6,8 @@ from typing import Optional
 import torch
 from torch.utils.data import BatchSampler, RandomSampler
 
+from .random_order import random_sampler_order
+
 __all__ = ["SeedableRandomSampler", "get_sampler"]
 
 _SEED_MODULUS = 2**64  # torch generators take seeds in [0, 2**64)
@@ -48,8 +50,6 @@ class SeedableRandomSampler(RandomSampler):
 
     def epoch_indices(self) -> list:
         """The whole order of the current epoch, without moving to the next one."""
-        from .index_order import random_sampler_order
-
         return random_sampler_order(self.reseeded())[0].tolist()
 
     def state_dict(self) -> dict:

@@ -1,5 +1,14 @@
-"""Training backends, one file each, behind the protocol in ``base.py``."""
+"""Training backends, one file each, behind the protocol in ``base.py``; ``select_strategy`` picks one.
+
+A backend is chosen by a plugin argument (``Accelerator(fsdp_plugin=...)``), by the launcher's environment
+(``distributed_type: FSDP`` in a config file makes ``hasten launch`` export ``HASTEN_USE_FSDP=true``), or by a
+``ParallelismConfig`` whose sizes need it. Until a backend exists, every one of these ways raises the same
+``NotYetSupportedError``: nothing silently falls back to DDP. A new backend replaces its row in ``_BACKENDS``.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 from ..config.enums import DistributedType
 from ..utils.planned import not_yet_supported
@@ -7,23 +16,73 @@ from .base import Strategy
 from .ddp import DDPStrategy
 from .single import SingleDeviceStrategy
 
-__all__ = ["Strategy", "SingleDeviceStrategy", "DDPStrategy", "select_strategy"]
-
-_NOT_YET = {
-    "deepspeed_plugin": "DeepSpeed",
-    "fsdp_plugin": "FSDP",
-    "megatron_lm_plugin": "Megatron-LM",
-    "torch_tp_plugin": "tensor parallelism",
-}
+__all__ = ["Strategy", "SingleDeviceStrategy", "DDPStrategy", "select_strategy", "requested_backend"]
 
 
-def select_strategy(state, kwargs_handlers=None, **plugins) -> Strategy:
-    """The strategy for this run: from the plugins given, else from the process state."""
-    for name, label in _NOT_YET.items():
-        if plugins.get(name) is not None:
-            raise not_yet_supported(
-                f"{label} ({name}=...)", "remove the plugin to train with DDP (several processes) or on a single device"
-            )
+@dataclass(frozen=True)
+class _Backend:
+    label: str
+    plugin: str  # the Accelerator argument that selects it
+    env_switch: Optional[str]  # the launcher's HASTEN_<SWITCH> (config file distributed_type); None: no switch
+    factory: Optional[Callable[..., Strategy]] = None  # None: not built yet
+
+
+_BACKENDS = (
+    _Backend("FSDP", "fsdp_plugin", "use_fsdp"),
+    _Backend("DeepSpeed", "deepspeed_plugin", "use_deepspeed"),
+    _Backend("Megatron-LM", "megatron_lm_plugin", "use_megatron_lm"),
+    _Backend("tensor parallelism", "torch_tp_plugin", None),
+)
+
+_MEANWHILE = "remove it to train with DDP (several processes) or on a single device"
+
+
+def requested_backend(plugins: dict) -> Optional[tuple]:
+    """``(backend, how it was asked for)`` for the first backend a plugin argument or the launcher's environment
+    selects, else None."""
+    from ..config.env_aliases import get_flag_setting, setting_variables
+
+    for backend in _BACKENDS:
+        if plugins.get(backend.plugin) is not None:
+            return backend, f"{backend.plugin}=..."
+    for backend in _BACKENDS:
+        if backend.env_switch is not None and get_flag_setting(backend.env_switch):
+            variable = setting_variables(backend.env_switch)[0]
+            return backend, (f"{variable}=true, set by `hasten launch` from a config file's distributed_type or a "
+                             "--use_* flag")
+    return None
+
+
+def _needed_by_layout(dims) -> Optional[tuple]:
+    """The backend a ParallelismConfig's sizes need beyond data-parallel replication, and which sizes."""
+    if dims is None:
+        return None
+    wants = []
+    if dims.dp_shard > 1:
+        wants.append(("FSDP (sharded data parallelism)", f"dp_shard_size={dims.dp_shard}"))
+    if dims.tp > 1:
+        wants.append(("tensor parallelism", f"tp_size={dims.tp}"))
+    if dims.cp > 1:
+        wants.append(("context parallelism", f"cp_size={dims.cp}"))
+    if getattr(dims, "sp", 1) > 1:
+        wants.append(("DeepSpeed sequence parallelism", f"sp_size={dims.sp}"))
+    return wants[0] if wants else None
+
+
+def select_strategy(state, kwargs_handlers=None, dims=None, **plugins) -> Strategy:
+    """The strategy for this run, from the plugins given, the launcher's environment and the layout ``dims``
+    (a ``ParallelDims``), else from the process state (one device, or DDP)."""
+    asked = requested_backend(plugins)
+    if asked is not None:
+        backend, how = asked
+        if backend.factory is None:
+            raise not_yet_supported(f"{backend.label} ({how})", _MEANWHILE)
+        return backend.factory(state, kwargs_handlers, dims)
+    needed = _needed_by_layout(dims)
+    if needed is not None:
+        label, sizes = needed
+        raise not_yet_supported(f"{label} (ParallelismConfig {sizes})",
+                                "use ParallelismConfig(dp_replicate_size=...) alone (DDP) meanwhile")
     if state.distributed_type == DistributedType.NO:
-        return SingleDeviceStrategy(state, kwargs_handlers)
-    return DDPStrategy(state, kwargs_handlers)
+        return SingleDeviceStrategy(state, kwargs_handlers, dims)
+    return DDPStrategy(state, kwargs_handlers, dims)

@@ -1,21 +1,32 @@
-"""The strategy protocol: everything that differs between training backends, behind one small interface.
+"""The strategy protocol: everything that differs between training backends, behind one interface.
 
-The ``Accelerator`` composes a strategy with the shared rooms (precision, data, checkpointing) and never
-branches on the backend itself. Adding a backend (FSDP, DeepSpeed ...) means adding one file here.
+The ``Accelerator`` composes a strategy with the shared rooms (configuration, data, checkpointing) and never
+branches on the backend itself. A strategy owns:
 
-A strategy prepares models *together with* their optimizers (``prepare_training``): some backends build one
-engine from both (DeepSpeed) or replace the parameters an optimizer points at (FSDP2), so preparing them one
-at a time is not enough in general.
+- its **precision** (``create_precision``: autocast and the fp16 scaler by default; a backend with its own
+  policy, such as FSDP2's ``MixedPrecisionPolicy`` or DeepSpeed's engine, returns its own object);
+- the **layout** (``layout``: a ``ParallelDims``) that data sharding, gathers, reductions and the loss
+  normalisation ask for the data-parallel rank and size;
+- the **preparation order** of model wrappers (``prepare_training``: models and optimizers together);
+- the **training step**: ``backward``, ``no_sync``, gradient unscaling and clipping (given models and optimizers);
+- **state dicts** (model, and optimizer given its model) and **checkpoint IO** (``checkpoint_io``: what is
+  written inside the staging folder; the transaction around it is the same for every strategy).
+
+Adding a backend means adding one file here that overrides what the backend changes, and one entry in
+``strategies/__init__.py``'s selection table.
 """
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import ContextManager, Iterable, Optional, Sequence
 
 import torch
 from torch import nn
 
+from ..checkpointing.checkpoint_io import FullStateCheckpointIO
 from ..config.enums import DistributedType
+from ..config.kwargs import AutocastKwargs, GradScalerKwargs
 from ..utils.modeling import extract_model_from_parallel
 
 
@@ -24,22 +35,71 @@ class Strategy:
 
     #: the DistributedType this strategy implements
     distributed_type: DistributedType = DistributedType.NO
+    #: whether models and the optimizers that train them must be given to the same ``prepare()`` call (a
+    #: backend that builds one engine from both, or re-points the optimizer at new, sharded parameters)
+    prepares_models_with_optimizers: bool = False
+    #: how state becomes files in the staging folder and back (``checkpointing/checkpoint_io.py``)
+    checkpoint_io = FullStateCheckpointIO()
 
-    def __init__(self, state, kwargs_handlers: Optional[dict] = None):
+    def __init__(self, state, kwargs_handlers: Optional[dict] = None, dims=None):
         self.state = state
         self.handlers = kwargs_handlers or {}
+        self._dims = dims
+        self.precision = self.create_precision()
+
+    # ------------------------------------------------------------ precision and layout
+    def create_precision(self):
+        """The precision this backend trains with, chosen together with it (autocast + fp16 scaler here)."""
+        from ..precision import MixedPrecision
+
+        return MixedPrecision(self.state.mixed_precision, self.state.device,
+                              scaler_kwargs=self.handlers.get(GradScalerKwargs),
+                              autocast_kwargs=self.handlers.get(AutocastKwargs))
+
+    @property
+    def layout(self):
+        """The ``ParallelDims`` of this run: without a ParallelismConfig, every process is one data-parallel rank."""
+        if self._dims is None:
+            from ..parallel import ParallelDims
+
+            self._dims = ParallelDims.from_config(None, self.state.num_processes)
+        return self._dims
+
+    def data_processes(self):
+        """The processes data is split over and results are gathered from: None (the whole run, today's path)
+        when every process is its own data-parallel rank, else a ``ProcessView`` of the data-parallel group."""
+        layout = self.layout
+        if layout.dp_size == self.state.num_processes:
+            return None
+        from ..utils.process_view import ProcessView
+
+        layout.build_mesh(self.state.device.type)
+        return ProcessView.of_group(layout.dp_group, self.state)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.layout.dp_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.layout.dp_rank
 
     # ------------------------------------------------------------ set-up and preparation
     def setup(self) -> None:
         """Create what the backend needs before anything is prepared (process groups, meshes)."""
 
     def prepare_training(self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
-                         device_placement: Sequence[bool], evaluation_mode: bool = False):
+                         device_placement: Sequence[bool], evaluation_mode: bool = False, compile_model=None):
         """Prepare models and the optimizers that train them, together. Returns ``(models, optimizers)``.
 
-        The default prepares each model with ``prepare_model`` and each optimizer with ``prepare_optimizer``.
+        The order is the strategy's. Here: the precision's forward wrapper, device placement and the backend's
+        wrapper (``prepare_model``), then ``compile_model`` (the run's torch.compile settings) on the result.
+        Model-parallel backends compile blocks before sharding instead.
         """
-        prepared = [self.prepare_model(m, place, evaluation_mode) for m, place in zip(models, device_placement)]
+        prepared = []
+        for model, place in zip(models, device_placement):
+            model = self.prepare_model(self.precision.wrap_forward(model), place, evaluation_mode)
+            prepared.append(compile_model(model) if compile_model is not None else model)
         return prepared, [self.prepare_optimizer(o) for o in optimizers]
 
     def prepare_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False):
@@ -52,7 +112,27 @@ class Strategy:
         return optimizer
 
     # ------------------------------------------------------------ the training step
-    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+    def normalize_loss(self, loss: torch.Tensor, accumulation_steps: int = 1, num_items_in_batch=None):
+        """The loss whose gradient is the one of the whole (accumulated, data-parallel) batch.
+
+        With ``num_items_in_batch`` (items of the whole cycle on every data-parallel rank) a summed loss is
+        divided by it; the data-parallel size undoes the average the gradient reduction applies. Else the loss
+        is divided by the accumulation steps.
+        """
+        if num_items_in_batch is not None:
+            return loss * (self.data_parallel_size / num_items_in_batch)
+        if accumulation_steps > 1:
+            return loss / accumulation_steps
+        return loss
+
+    def backward(self, loss: torch.Tensor, model: Optional[nn.Module] = None, *, accumulation_steps: int = 1,
+                 num_items_in_batch=None, **kwargs) -> None:
+        """Normalise, scale (fp16) and back-propagate ``loss``. ``model``: the prepared model it came from when
+        there is only one (backends whose engine runs the backward need it); ``kwargs`` go to torch's backward."""
+        loss = self.normalize_loss(loss, accumulation_steps, num_items_in_batch)
+        scaler = self.precision.scaler
+        if scaler is not None:
+            loss = scaler.scale(loss)
         loss.backward(**kwargs)
 
     def no_sync(self, model: nn.Module) -> ContextManager:
@@ -63,24 +143,73 @@ class Strategy:
         """A context in which the next backward synchronises gradients even inside ``no_sync``."""
         return contextlib.nullcontext()
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2):
+    def unscale_gradients(self, optimizers: Sequence) -> None:
+        """Divide fp16-scaled gradients by the loss scale (before clipping or inspecting them)."""
+        scaler = self.precision.scaler
+        if scaler is None:
+            return
+        for optimizer in optimizers:
+            scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2, *,
+                        models: Sequence[nn.Module] = (), optimizers: Sequence = ()):
+        """Clip the total gradient norm of ``parameters``; returns the norm before clipping. ``models`` /
+        ``optimizers``: the prepared ones (sharded backends reduce the norm over their mesh)."""
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
-    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float, *,
+                         models: Sequence[nn.Module] = (), optimizers: Sequence = ()) -> None:
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
-    # ------------------------------------------------------------ state dicts (checkpointing asks the strategy)
+    # ------------------------------------------------------------ state dicts
     def model_state_dict(self, model: nn.Module, full: bool = True) -> dict:
+        """The model's state dict, keyed as the user's module. ``full``: plain, unsharded tensors, complete on
+        the main process (a sharded backend gathers them with CPU offload and may return ``{}`` elsewhere)."""
         return self.unwrap(model).state_dict()
 
     def load_model_state_dict(self, model: nn.Module, state_dict: dict, strict: bool = True):
         return self.unwrap(model).load_state_dict(state_dict, strict=strict)
 
-    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict:
+    def optimizer_state_dict(self, model: Optional[nn.Module], optimizer) -> dict:
+        """``optimizer``'s state dict; ``model``: the prepared model it trains (sharded backends need it)."""
         return optimizer.state_dict()
 
-    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
+    def load_optimizer_state_dict(self, model: Optional[nn.Module], optimizer, state_dict: dict) -> None:
         optimizer.load_state_dict(state_dict)
+
+    # ------------------------------------------------------------ checkpoint IO (inside the staging folder)
+    def collect_checkpoint(self, targets):
+        """Every state to save, in memory (collective for sharded backends)."""
+        return self.checkpoint_io.collect(self, targets)
+
+    def write_checkpoint(self, staging_dir: Path, collected, *, writes_shared_files: bool, process_index: int,
+                         safe_serialization: bool = True) -> None:
+        """Write this process's files of ``collected`` into ``staging_dir``."""
+        self.checkpoint_io.write(self, Path(staging_dir), collected, writes_shared_files=writes_shared_files,
+                                 process_index=process_index, safe_serialization=safe_serialization)
+
+    def save_checkpoint(self, staging_dir: Path, targets, *, writes_shared_files: Optional[bool] = None,
+                        safe_serialization: bool = True) -> None:
+        """Collect and write in one call (``save_state`` runs the two steps inside its transaction)."""
+        writes = self.state.is_main_process if writes_shared_files is None else writes_shared_files
+        self.write_checkpoint(staging_dir, self.collect_checkpoint(targets), writes_shared_files=writes,
+                              process_index=self.state.process_index, safe_serialization=safe_serialization)
+
+    def read_checkpoint(self, folder: Path, marker: Optional[dict], targets, *, load_kwargs: Optional[dict] = None,
+                        device="cpu", strict: bool = True):
+        """Read and check every file this process needs; nothing is applied."""
+        return self.checkpoint_io.read(self, Path(folder), marker, targets, load_kwargs=load_kwargs, device=device,
+                                       strict=strict)
+
+    def apply_checkpoint(self, loaded, targets, strict: bool = True) -> None:
+        """Apply what ``read_checkpoint`` returned (all of it, or none: what was applied is put back)."""
+        self.checkpoint_io.apply(self, loaded, targets, strict)
+
+    def load_checkpoint(self, folder: Path, targets, *, load_kwargs: Optional[dict] = None, device="cpu",
+                        strict: bool = True) -> None:
+        """Read, check and apply in one call (``load_state`` makes every process agree between the two)."""
+        self.apply_checkpoint(self.read_checkpoint(folder, None, targets, load_kwargs=load_kwargs, device=device,
+                                                   strict=strict), targets, strict)
 
     # ------------------------------------------------------------ unwrapping
     def unwrap(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:

@@ -1,5 +1,5 @@
 """Accelerate's ``utils`` names, each re-exported lazily from the module that defines it."""
-from ._lazy import build_table, lazy_exports
+from .lazy import build_table, lazy_exports
 
 _EXPORTS = build_table({
     "hasten.config.enums": ["DistributedType", "RNGType", "PrecisionType", "DynamoBackend", "ComputeEnvironment",
@@ -100,8 +100,9 @@ _EXPORTS = build_table({
                                   "convert_file_size_to_int", "dtype_byte_size", "compute_module_total_buffer_size",
                                   "calculate_maximum_sizes"],
     "hasten.big_modeling.device_map": ["infer_auto_device_map", "check_device_map", "clean_device_map"],
-    "hasten.big_modeling._tensors": ["named_module_tensors", "get_non_persistent_buffers"],
-    "hasten.big_modeling.loading": ["load_state_dict", "load_checkpoint_in_model", "set_module_tensor_to_device"],
+    "hasten.big_modeling.module_tensors": ["named_module_tensors", "get_non_persistent_buffers"],
+    "hasten.big_modeling.loading": ["load_state_dict", "load_checkpoint_in_model"],
+    "hasten.big_modeling.tensor_placement": ["set_module_tensor_to_device"],
     "hasten.big_modeling.offload": ["offload_state_dict", "load_offloaded_weights", "OffloadedWeightsLoader",
                                     "offload_weight", "load_offloaded_weight", "save_offload_index", "PrefixedDataset",
                                     "extract_submodules_state_dict"],

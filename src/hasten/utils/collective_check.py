@@ -28,6 +28,9 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from .nested import is_namedtuple, leaves
+from .process_view import group_of
+
 __all__ = ["DistributedOperationException", "EAGER_BYTES", "collective_checks", "collective_checks_enabled",
            "set_collective_checks"]
 
@@ -94,7 +97,6 @@ def collective_checks_enabled(state=None) -> bool:
 # --------------------------------------------------------------------------------------------- signatures
 def describe(data, leaf: Callable[[torch.Tensor], str]) -> str:
     """A compact, deterministic text of ``data``'s structure with each tensor written by ``leaf``."""
-    from .operations import is_namedtuple
 
     if isinstance(data, torch.Tensor):
         return leaf(data)
@@ -148,18 +150,19 @@ SAME_INPUTS = "the processes passed inputs whose structure, shapes or dtypes dif
 
 def _all_gather_flat(output: torch.Tensor, tensor: torch.Tensor, state) -> None:
     """All-gather the 1-d ``tensor`` of every rank into ``output``, rank after rank."""
+    group = group_of(state)
     if hasattr(dist, "all_gather_single"):
-        dist.all_gather_single(output, tensor)
+        dist.all_gather_single(output, tensor, group=group)
     elif state.backend == "gloo":  # older gloo builds lack the single-tensor form
-        dist.all_gather(list(output.chunk(state.num_processes)), tensor)
+        dist.all_gather(list(output.chunk(state.num_processes)), tensor, group=group)
     else:
-        dist.all_gather_into_tensor(output, tensor)
+        dist.all_gather_into_tensor(output, tensor, group=group)
 
 
 def raise_mismatch(operation: str, description: str, state, hint: str = "", problem: str = SAME_INPUTS) -> None:
     """Every rank calls this after seeing different signatures: share the descriptions and raise everywhere."""
     everyone = [None] * state.num_processes
-    dist.all_gather_object(everyone, (operation, description))
+    dist.all_gather_object(everyone, (operation, description), group=group_of(state))
     operations = {op for op, _ in everyone}
     lines = "\n".join(
         f"  - process {rank}: {text}" + (f" (in `{op}`)" if len(operations) > 1 else "")
@@ -229,11 +232,9 @@ def check_same_everywhere(operation: str, data, state, hint: str = "", extra: st
 def check_device_type(operation: str, data, state) -> None:
     """Tensors on another kind of device than the run communicates on: a clear error (the same on every rank
     once the signatures, which hold the device type, agree)."""
-    from .operations import _leaves
-
     if isinstance(data, str):
         return
-    wrong = [leaf for leaf in _leaves(data, []) if isinstance(leaf, torch.Tensor)
+    wrong = [leaf for leaf in leaves(data, []) if isinstance(leaf, torch.Tensor)
              and leaf.device.type != state.device.type]
     if wrong:
         raise DistributedOperationException(

@@ -1,12 +1,12 @@
-"""Reading hasten's settings from the environment.
+"""The environment helpers under Accelerate's import path ``accelerate.utils.environment``.
 
 ``hasten launch`` hands every setting to the script through variables named ``HASTEN_<SETTING>``
-(``HASTEN_MIXED_PRECISION``, ``HASTEN_USE_CPU`` ...). This module is the one place that names the prefix
-and parses the values.
+(``HASTEN_MIXED_PRECISION``, ``HASTEN_USE_CPU`` ...). The prefix and the parsing of the values live in
+``env_vars.py``, the hardware queries in ``hardware.py``, NUMA pinning in ``numa.py``; they are all importable
+from here too.
 
-Also here, under Accelerate's names: ``patch_environment`` / ``clear_environment`` /
-``purge_accelerate_environment`` (variables changed for a while, then restored), writing variables to an
-environment file, and the hardware queries of ``hardware.py``.
+Defined here: ``is_debug_mode``, ``purge_accelerate_environment`` (launcher variables removed for a test, then
+restored), writing variables to an environment file, and ``are_libraries_initialized``.
 """
 from __future__ import annotations
 
@@ -16,63 +16,14 @@ import inspect
 import logging
 import os
 import sys
-from typing import Optional, Union
+from typing import Optional
 
+from .env_vars import (ENV_PREFIX, clear_environment, env_name, get_int_from_env,  # noqa: F401
+                       parse_choice_from_env, parse_flag_from_env, patch_environment, str_to_bool)
 from .hardware import (CPUInformation, check_cuda_fp8_capability, check_cuda_p2p_ib_support,  # noqa: F401
                        get_cpu_distributed_information, get_current_device_type, get_driver_version, get_gpu_info)
 
 logger = logging.getLogger(__name__)
-
-ENV_PREFIX = "HASTEN_"
-
-_TRUE = {"1", "true", "yes", "y", "on", "t"}
-_FALSE = {"0", "false", "no", "n", "off", "f", ""}
-
-
-def env_name(setting: str) -> str:
-    """``"mixed_precision"`` -> ``"HASTEN_MIXED_PRECISION"``."""
-    return ENV_PREFIX + setting.upper()
-
-
-def str_to_bool(value, to_bool: bool = False) -> Union[int, bool]:
-    """Parse a boolean written as text (``1/0``, ``true/false``, ``yes/no``, ``on/off``): 1 or 0, or with
-    ``to_bool`` True or False."""
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True if to_bool else 1
-    if text in _FALSE:
-        return False if to_bool else 0
-    raise ValueError(f"Cannot read {value!r} as a boolean; use one of 1/0, true/false, yes/no, on/off.")
-
-
-def parse_flag_from_env(key: str, default: bool = False) -> bool:
-    """A boolean environment variable; ``default`` when unset."""
-    value = os.environ.get(key)
-    if value is None:
-        return default
-    try:
-        return bool(str_to_bool(value))
-    except ValueError as error:
-        raise ValueError(f"Environment variable {key}={value!r}: {error}") from None
-
-
-def parse_choice_from_env(key: str, default: str = "no") -> str:
-    return os.environ.get(key, str(default))
-
-
-def get_int_from_env(env_keys, default: int) -> int:
-    """The first of ``env_keys`` that is set and non-negative, as an int; else ``default``."""
-    for key in env_keys:
-        value = os.environ.get(key)
-        if value is None or value == "":
-            continue
-        try:
-            number = int(value)
-        except ValueError:
-            raise ValueError(f"Environment variable {key}={value!r} is not an integer.") from None
-        if number >= 0:
-            return number
-    return default
 
 
 def is_debug_mode() -> bool:
@@ -80,36 +31,6 @@ def is_debug_mode() -> bool:
     from ..config.env_aliases import get_flag_setting
 
     return get_flag_setting("debug_mode")
-
-
-@contextlib.contextmanager
-def patch_environment(**kwargs):
-    """Temporarily set environment variables (keys upper-cased, values turned into str); restored on exit."""
-    saved = {}
-    for key, value in kwargs.items():
-        key = key.upper()
-        saved[key] = os.environ.get(key)
-        os.environ[key] = str(value)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextlib.contextmanager
-def clear_environment():
-    """Temporarily empty ``os.environ``; the original is restored on exit (the same mapping object)."""
-    saved = dict(os.environ)
-    os.environ.clear()
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 # ----------------------------------------------------------------------------- passing variables on

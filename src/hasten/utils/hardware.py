@@ -14,6 +14,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from . import imports
+from .env_vars import get_int_from_env
+
 __all__ = ["get_current_device_type", "get_gpu_info", "get_driver_version", "check_cuda_p2p_ib_support",
            "check_cuda_fp8_capability", "CPUInformation", "get_cpu_distributed_information"]
 
@@ -27,8 +30,6 @@ def get_current_device_type() -> tuple[str, str]:
     Asked without initialising any device (safe before forking). Vendor backends are checked in the order
     the process state uses (MLU, SDAA, MUSA, NPU, HPU, XPU, Neuron); otherwise CUDA is assumed.
     """
-    from . import imports
-
     for check, answer in ((imports.is_mlu_available, ("mlu", "MULTI_MLU")),
                           (imports.is_sdaa_available, ("sdaa", "MULTI_SDAA")),
                           (imports.is_musa_available, ("musa", "MULTI_MUSA")),
@@ -117,8 +118,6 @@ def get_cpu_distributed_information() -> CPUInformation:
     """This process's rank, world size, local rank and local world size, from the launcher's variables
     (torchrun's ``RANK`` ..., Intel MPI's ``PMI_*``/``MPI_LOCAL*``, Open MPI's ``OMPI_COMM_WORLD_*``,
     MVAPICH's ``MV2_COMM_WORLD_*``); a single process when none is set."""
-    from .environment import get_int_from_env
-
     return CPUInformation(
         rank=get_int_from_env(["RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"], 0),
         world_size=get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1),

@@ -13,7 +13,7 @@ import importlib.metadata
 import importlib.util
 import sys
 
-from .environment import parse_flag_from_env, patch_environment
+from .env_vars import parse_flag_from_env, patch_environment
 from .versions import compare_versions, is_torch_version
 
 # module to import -> (extra that installs it, what it is for)

@@ -1,7 +1,7 @@
 """Accelerate's launch helpers: the command and environment ``hasten launch`` would use, for code that builds its own.
 
 They take the namespace of ``hasten.commands.launch.launch_command_parser()`` and go through the same plan as
-``hasten launch`` (``hasten.commands._launch_plan``): flags, config file and SLURM resolved once, checked before
+``hasten launch`` (``hasten.commands.launch_plan``): flags, config file and SLURM resolved once, checked before
 anything starts. Helpers of backends hasten does not have yet (DeepSpeed, TPU, SageMaker, ...) raise
 ``NotYetSupportedError``.
 """
@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from ..commands._launch_options import backend_not_yet_supported
+from ..commands.launch_options import backend_not_yet_supported
 
 __all__ = ["PrepareForLaunch", "prepare_simple_launcher_cmd_env", "prepare_multi_gpu_env",
            "prepare_deepspeed_cmd_env", "prepare_tpu", "prepare_sagemager_args_inputs",
@@ -69,7 +69,9 @@ def prepare_sagemager_args_inputs(sagemaker_config, args: argparse.Namespace):
 
 
 def prepare_extend_env_parallelism_config(args: argparse.Namespace, current_env: dict):
-    raise backend_not_yet_supported("ParallelismConfig")
+    from ..commands.launch_parallelism import extend_env
+
+    return extend_env(args, current_env)
 
 
 def setup_fp8_env(args: argparse.Namespace, current_env: dict) -> dict:

@@ -222,7 +222,7 @@ _BIG_MODEL_NAMES = {
     "hasten.big_modeling.device_map": ("infer_auto_device_map", "check_device_map", "clean_device_map"),
     "hasten.big_modeling.loading": ("load_state_dict", "load_checkpoint_in_model", "set_module_tensor_to_device"),
     "hasten.big_modeling.tied": ("find_tied_parameters", "retie_parameters"),
-    "hasten.big_modeling._tensors": ("named_module_tensors", "get_non_persistent_buffers"),
+    "hasten.big_modeling.module_tensors": ("named_module_tensors", "get_non_persistent_buffers"),
     "hasten.big_modeling.offload": ("load_offloaded_weights",),
     # offloaded-module helpers: hasten.big_modeling.offloaded_state owns them
     "hasten.big_modeling.offloaded_state": ("has_offloaded_params", "align_module_device",

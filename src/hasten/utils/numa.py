@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from .environment import is_debug_mode
+from ..config.env_aliases import get_flag_setting
 
 __all__ = ["set_numa_affinity", "override_numa_affinity", "NumaUnavailableError", "parse_cpu_list"]
 
@@ -121,7 +121,7 @@ def override_numa_affinity(local_process_index: int, verbose: Optional[bool] = N
     """
     _check_index(local_process_index)
     if verbose is None:
-        verbose = is_debug_mode()
+        verbose = get_flag_setting("debug_mode")  # what is_debug_mode() says
     node, cpus = _choose_cpus(local_process_index, SYSFS_ROOT)
     try:
         os.sched_setaffinity(0, cpus)

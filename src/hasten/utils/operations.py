@@ -31,7 +31,10 @@ from .collective_check import (ALIGN, DistributedOperationException, _all_gather
                                check_same_everywhere, collective_checks, collective_checks_enabled, describe,
                                exchange_header, full_leaf, gather_leaf, ndim_leaf, set_collective_checks,
                                signature)
+from .nested import honor_type, is_namedtuple
+from .nested import leaves as _leaves
 from .object_exchange import broadcast_objects_checked, gather_objects_checked
+from .process_view import group_of
 
 __all__ = [
     "broadcast", "broadcast_object_list", "concatenate", "convert_to_fp32", "convert_outputs_to_fp32",
@@ -81,19 +84,6 @@ def is_tensor_information(tensor_info) -> bool:
     return isinstance(tensor_info, TensorInformation)
 
 
-def is_namedtuple(data) -> bool:
-    """Whether ``data`` is a namedtuple instance (a tuple with ``_fields`` and ``_asdict``)."""
-    return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(data, "_asdict")
-
-
-def honor_type(obj, generator):
-    """Build a container of ``obj``'s type (list, tuple, namedtuple, other tuple subclass) from ``generator``."""
-    items = list(generator)
-    if is_namedtuple(obj):
-        return type(obj)(*items)
-    return type(obj)(items)
-
-
 def _rebuild_mapping(original: Mapping, items: dict):
     """A mapping of ``original``'s type holding ``items``.
 
@@ -141,19 +131,6 @@ def recursively_apply(func, data, *args, test_type=is_torch_tensor, error_on_oth
             f"passing `{getattr(test_type, '__name__', test_type)}` (tensors by default)."
         )
     return data
-
-
-def _leaves(data, out: list) -> list:
-    """Append every non-container leaf of ``data`` to ``out``, in ``recursively_apply`` order."""
-    if isinstance(data, (tuple, list)):
-        for item in data:
-            _leaves(item, out)
-    elif isinstance(data, Mapping):
-        for value in data.values():
-            _leaves(value, out)
-    else:
-        out.append(data)
-    return out
 
 
 def _replace_leaves(data, new_leaves: list):
@@ -414,8 +391,9 @@ def _first_size(leaf: torch.Tensor) -> int:
     return leaf.size(0) if leaf.ndim else 1
 
 
-def _gather(tensor, operation: str):
-    state = _state()
+def _gather(tensor, operation: str, state=None):
+    """``gather`` over ``state``'s processes: the run (default), or a ``ProcessView`` of a sub-group."""
+    state = _state() if state is None else state
     if not state.use_distributed:
         _tensor_leaves(tensor, operation)
         return recursively_apply(lambda leaf: leaf if leaf.ndim else leaf.reshape(1), tensor)
@@ -526,8 +504,8 @@ def gather_object(object: Any):
     return _gather_object(object, "gather_object")
 
 
-def _gather_object(object: Any, operation: str):
-    state = _state()
+def _gather_object(object: Any, operation: str, state=None):
+    state = _state() if state is None else state
     is_sequence = isinstance(object, (list, tuple))
     if not state.use_distributed:
         return list(object) if is_sequence else [object]
@@ -535,7 +513,7 @@ def _gather_object(object: Any, operation: str):
         everyone = gather_objects_checked(object, state, operation)
     else:
         everyone = [None] * state.num_processes
-        dist.all_gather_object(everyone, object)
+        dist.all_gather_object(everyone, object, group=group_of(state))
     if is_sequence:  # (unchecked) a rank that passed another kind of object is kept as one item
         return [item for part in everyone for item in (part if isinstance(part, (list, tuple)) else [part])]
     return everyone
@@ -609,9 +587,14 @@ def reduce(tensor, reduction="mean", scale=1.0):
     ``scale`` multiplies the result. Integer and boolean tensors: ``"mean"`` returns floats (the default
     dtype), ``"sum"`` of booleans counts them (int64), ``"max"`` / ``"min"`` of booleans are any / all.
     """
+    return _reduce(tensor, reduction, scale)
+
+
+def _reduce(tensor, reduction: str, scale, state=None):
+    """``reduce`` over ``state``'s processes: the run (default), or a ``ProcessView`` of a sub-group."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduce: unknown reduction {reduction!r}; use one of {', '.join(map(repr, REDUCTIONS))}.")
-    state = _state()
+    state = _state() if state is None else state
     distributed = state.use_distributed and reduction != "none"
     checked = distributed and collective_checks_enabled(state)
     payloads = None
@@ -629,7 +612,7 @@ def reduce(tensor, reduction="mean", scale=1.0):
         work_dtype = _reduce_dtype(dtype, reduction)
         flat = torch.cat([leaves[i].detach().reshape(-1).to(work_dtype) for i in indices])  # a fresh copy
         if distributed and (flat.numel() or not checked):  # unchecked: always enter (no lone-empty hang)
-            dist.all_reduce(flat, op=op)
+            dist.all_reduce(flat, op=op, group=group_of(state))
         if reduction == "mean":
             if not (flat.is_floating_point() or flat.is_complex()):
                 flat = flat.to(torch.get_default_dtype())

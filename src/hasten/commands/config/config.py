@@ -7,8 +7,8 @@ import sys
 
 from ...config.config_file import default_config_path
 from ...config.enums import ComputeEnvironment
-from .._errors import CommandError
-from .._flags import add_flag
+from ..errors import CommandError
+from ..flags import add_flag
 from .cluster import get_cluster_input
 from .config_utils import _ask_options, _convert_compute_environment
 from .sagemaker import get_sagemaker_input

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ...config.enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType
-from .._flags import OneSpellingHelpFormatter
+from ..flags import OneSpellingHelpFormatter
 
 __all__ = ["DYNAMO_BACKENDS", "SubcommandHelpFormatter"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 
 from ...config.config_file import default_config_path, write_basic_config
-from .._errors import CommandError
-from .._flags import add_flag
+from ..errors import CommandError
+from ..flags import add_flag
 from .config_utils import SubcommandHelpFormatter
 
 __all__ = ["default_command_parser", "default_config_command", "write_basic_config", "description"]

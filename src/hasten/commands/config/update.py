@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 
 from ...config.config_file import default_config_path
-from .._errors import CommandError
-from .._flags import add_flag
+from ..errors import CommandError
+from ..flags import add_flag
 from .config_args import load_config_from_file
 from .config_utils import SubcommandHelpFormatter
 

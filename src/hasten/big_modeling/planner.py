@@ -22,8 +22,8 @@ from collections import OrderedDict, deque
 
 import torch.nn as nn
 
-from ._layers import LayerIndex
-from ._tensors import walk_modules
+from .layer_index import LayerIndex
+from .module_tensors import walk_modules
 from .sizes import _sizes, _Sizer
 from .tied import find_tied_parameters
 

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
-from ._tensors import tensor_bytes_view
+from .module_tensors import tensor_bytes_view
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._device_memory import accelerator_count, accelerator_type
+from .device_memory import accelerator_count, accelerator_type
 
 _NAMED = ("cpu", "disk", "meta", "mps")
 

@@ -5,7 +5,7 @@ a pure function of the parsed flags, the config dict and a few machine facts, so
 
 ``--num_processes`` is the TOTAL number of processes over all machines, as in Accelerate: each machine
 starts ``num_processes // num_machines`` of them. ``--num_machines MIN:MAX`` (torchrun's elastic form) counts
-the total at MAX machines. Inside a SLURM allocation the machine layout comes from SLURM (``_slurm``).
+the total at MAX machines. Inside a SLURM allocation the machine layout comes from SLURM (``slurm``).
 """
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from ..config.enums import DistributedType, DynamoBackend, PrecisionType
 from ..utils.environment import env_name, str_to_bool
-from ._errors import CommandError
-from ._launch_options import backend_env, backend_not_yet_supported, given_backend_options
-from ._loopback_store import is_loopback
-from ._slurm import SlurmLayout, first_host, slurm_layout
+from .errors import CommandError
+from .launch_options import backend_env, backend_not_yet_supported, given_backend_options
+from .launch_parallelism import parallelism_env
+from .loopback_store import is_loopback
+from .slurm import SlurmLayout, first_host, slurm_layout
 
-RUNNER_MODULE = "hasten.commands._run_script"
+RUNNER_MODULE = "hasten.commands.run_script"
 DEFAULT_MULTI_MACHINE_PORT = 29500
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 
@@ -522,6 +523,8 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
             notes.append(f"hasten launch: --num_processes not given; starting {found} processes per machine, one per "
                          "accelerator (pass -n to choose).")
     _check_values(values)
+    parallel_env, parallel_notes = parallelism_env(args, config, config_path, values["num_processes"])
+    notes.extend(parallel_notes)
     _check_target(args)
     per_machine = values["num_processes"] // values["num_machines"]
     restartable = _restartable_rendezvous(values)
@@ -534,6 +537,7 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
     env = worker_env(values, sources, config, config_path, environ,
                      usable_cpu_count() if cpu_count is None else cpu_count, per_machine)
     env.update(backend_env(args))
+    env.update(parallel_env)
     rdzv_id = f"slurm-{layout.job_id}" if layout is not None and layout.job_id else None
     torchrun = torchrun_arguments(args, values, per_machine, port, restartable, rdzv_id)
     return LaunchPlan(torchrun_args=torchrun, env=env, notes=notes, settings=values,

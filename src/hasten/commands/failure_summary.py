@@ -11,7 +11,7 @@ timestamp the root cause. That goes wrong in two common ways:
 The rules here: a worker the agent stopped (SIGTERM) is never the root cause while another one is; the
 failures of the first few seconds form the first wave; in that wave a death by a signal no peer can cause
 (SIGKILL, SIGSEGV, ...) wins over a Python error, which is often only the echo of that death; then the
-earliest (sub-second times, which ``_run_script`` adds to the error file), then the lowest rank.
+earliest (sub-second times, which ``run_script`` adds to the error file), then the lowest rank.
 """
 from __future__ import annotations
 

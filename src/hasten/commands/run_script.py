@@ -1,7 +1,7 @@
 """Run the user's script (or ``-m`` module) as ``__main__`` inside a worker started by ``hasten launch``.
 
-    python -m hasten.commands._run_script path script.py [args...]
-    python -m hasten.commands._run_script module package.module [args...]
+    python -m hasten.commands.run_script path script.py [args...]
+    python -m hasten.commands.run_script module package.module [args...]
 
 The script runs exactly as ``python script.py`` / ``python -m package.module`` would run it (same
 ``sys.argv``, ``sys.path[0]``, ``__name__``). Two additions:
@@ -15,10 +15,10 @@ The script runs exactly as ``python script.py`` / ``python -m package.module`` w
   destroyed), the script's globals are released (open files get flushed and closed) and stdio is flushed;
 - on Linux the worker asks the kernel for SIGTERM when the launcher dies (``prctl(PR_SET_PDEATHSIG)``), so a
   launcher killed with SIGKILL (which cannot stop its workers) leaves no worker behind. Other systems have no
-  such request: there, stop the workers yourself (``pkill -f hasten.commands._run_script``).
+  such request: there, stop the workers yourself (``pkill -f hasten.commands.run_script``).
 
 An uncaught exception also records ``time.time()`` in the error file, so the launcher can tell which of two
-failures of the same second came first (see ``_failure_summary``).
+failures of the same second came first (see ``failure_summary``).
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _add_precise_time(path, when: float) -> None:
     """Add the failure's sub-second time to the error file torch wrote (its own has whole seconds)."""
     import json
 
-    from hasten.commands._failure_summary import PRECISE_TIME_KEY
+    from hasten.commands.failure_summary import PRECISE_TIME_KEY
 
     try:
         with open(path) as handle:
@@ -83,8 +83,8 @@ def _add_precise_time(path, when: float) -> None:
 
 
 def end_with_the_launcher() -> None:
-    """Linux: SIGTERM for this worker when the launcher dies (see ``_parent_watch``)."""
-    from hasten.commands._parent_watch import LAUNCHER_PID_ENV, end_with_parent
+    """Linux: SIGTERM for this worker when the launcher dies (see ``parent_watch``)."""
+    from hasten.commands.parent_watch import LAUNCHER_PID_ENV, end_with_parent
     from hasten.config.env_aliases import get_setting
 
     expected = str(get_setting(LAUNCHER_PID_ENV, ""))

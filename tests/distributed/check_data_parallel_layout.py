@@ -1,0 +1,97 @@
+"""The data-parallel layout drives data sharding, gathers, reductions and the loss normalisation (2 processes).
+
+Run by tests/test_strategy_seam.py under ``hasten launch -n 2``:
+
+1. ``ParallelismConfig(dp_replicate_size=2)``: DDP over the run's one DeviceMesh (``torch_device_mesh``), the same
+   data split and results as without a config;
+2. ``ParallelismConfig(tp_size=2)`` with no tensor-parallel backend: NotYetSupportedError on every process;
+3. a stand-in model-parallel strategy whose layout is ``tp=2`` (both processes are one data-parallel rank, each
+   holding a whole replica): both processes get every batch, ``gather_for_metrics`` / ``gather`` / ``reduce`` count
+   each sample once, ``num_items_in_batch`` is normalised over the data-parallel size (1), not over 2 processes.
+
+Prints LAYOUT CHECKS PASSED.
+"""
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from hasten import Accelerator, ParallelismConfig
+from hasten.parallel import ParallelDims
+from hasten.state import AcceleratorState
+from hasten.strategies import DDPStrategy
+from hasten.utils.planned import NotYetSupportedError
+
+
+def check(condition: bool, what: str) -> None:
+    if not condition:
+        raise AssertionError(f"[rank {torch.distributed.get_rank()}] {what}")
+
+
+def batches_seen(accelerator, loader) -> list:
+    return [int(i) for batch in accelerator.prepare(loader) for i in batch]
+
+
+def replicated_config() -> None:
+    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(dp_replicate_size=2))
+    mesh = accelerator.torch_device_mesh
+    check(mesh is not None and mesh.mesh_dim_names == ("dp_replicate",), f"mesh {mesh}")
+    check(accelerator.data_parallel_rank == accelerator.process_index, "dp rank is the process index")
+    seen = batches_seen(accelerator, DataLoader(list(range(8)), batch_size=2))
+    everyone = accelerator.gather_for_metrics(seen, use_gather_object=True)
+    check(sorted(everyone) == list(range(8)) and len(seen) == 4, f"data split over dp_replicate: {everyone}")
+    model = accelerator.prepare(nn.Linear(3, 1))
+    check(isinstance(model, nn.parallel.DistributedDataParallel), f"pure replication trains with DDP: {type(model)}")
+    print("ok: dp_replicate config trains with DDP over the run's mesh", flush=True)
+
+
+def unbuilt_backend_refused() -> None:
+    try:
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_size=2))
+    except NotYetSupportedError as error:
+        check("tp_size=2" in str(error), str(error))
+    else:
+        check(False, "tp_size=2 without a tensor-parallel backend was accepted")
+    print("ok: tp_size=2 refused until its backend exists", flush=True)
+
+
+class ReplicaPerTensorRank(DDPStrategy):
+    """Stand-in for a tensor-parallel backend: layout tp=2, each process keeps a whole (unsharded) replica."""
+
+
+def model_parallel_layout() -> None:
+    accelerator = Accelerator(cpu=True)
+    stand_in = ReplicaPerTensorRank(accelerator.state, accelerator.handlers,
+                                    ParallelDims(tp=2, world_size=accelerator.num_processes))
+    accelerator.strategy = accelerator._accumulator.strategy = stand_in
+    rank = accelerator.process_index
+    check(accelerator.data_parallel_rank == 0 and accelerator.tensor_parallel_rank == rank,
+          f"ranks dp={accelerator.data_parallel_rank} tp={accelerator.tensor_parallel_rank}")
+
+    seen = batches_seen(accelerator, DataLoader(list(range(10)), batch_size=4))
+    check(seen == list(range(10)), f"one data-parallel rank: every process gets every batch, got {seen}")
+
+    loader = accelerator.prepare(DataLoader(torch.arange(10), batch_size=4))
+    gathered = torch.cat([accelerator.gather_for_metrics(batch) for batch in loader])
+    check(gathered.tolist() == list(range(10)), f"gather_for_metrics counts each sample once: {gathered.tolist()}")
+    check(accelerator.gather(torch.tensor([rank])).tolist() == [rank], "gather over the data-parallel group")
+    check(accelerator.reduce(torch.tensor(5.0)).item() == 5.0, "reduce sums over the data-parallel group only")
+
+    weight = nn.Parameter(torch.ones(1))
+    accelerator.backward((weight * 3.0).sum(), num_items_in_batch=3)
+    check(torch.allclose(weight.grad, torch.ones(1)), f"loss normalised over dp size 1: grad {weight.grad}")
+    print("ok: a model-parallel layout shards, gathers, reduces and normalises over data-parallel ranks", flush=True)
+
+
+def main() -> None:
+    replicated_config()
+    AcceleratorState._reset_state()
+    unbuilt_backend_refused()
+    AcceleratorState._reset_state()
+    model_parallel_layout()
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        print("LAYOUT CHECKS PASSED", flush=True)
+
+
+if __name__ == "__main__":
+    main()

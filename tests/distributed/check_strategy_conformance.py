@@ -1,0 +1,170 @@
+"""Strategy conformance: one training script, every strategy, the same numbers as single-process PyTorch.
+
+Run by tests/test_strategy_conformance.py as ``hasten launch -n <world> check_strategy_conformance.py <strategy>
+<work folder> [checkpoint to load]``. For the strategy named (see ``STRATEGIES``):
+
+1. trains a small MLP with AdamW, gradient accumulation, gradient clipping and a scheduler on a sharded loader,
+   and checks every step's loss (gathered over the data-parallel ranks) and the final parameters against the same
+   loop in plain PyTorch on one process (``reference_run``) within ``TOLERANCE``;
+2. evaluates with ``gather_for_metrics``: every sample exactly once;
+3. saves a checkpoint (``<work>/<strategy>``) and, given another strategy's checkpoint, loads it into fresh objects
+   and checks that the weights, the optimizer state and the schedule are those of that run.
+
+Prints ``CONFORMANCE PASSED <strategy>``.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hasten import Accelerator
+from hasten.utils import set_seed
+
+# name -> (processes, Accelerator arguments). A new backend adds its line here and in the test's table.
+STRATEGIES = {
+    "single": (1, {}),
+    "ddp": (2, {}),
+}
+TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32 on CPU; only the reduction order differs between strategies
+SAMPLES, MICRO_BATCH, ACCUMULATION, MAX_NORM = 96, 4, 2, 0.5
+
+
+def data():
+    generator = torch.Generator().manual_seed(1234)
+    inputs = torch.randn(SAMPLES, 8, generator=generator)
+    targets = inputs @ torch.randn(8, 2, generator=generator) + 0.1 * torch.randn(SAMPLES, 2, generator=generator)
+    return inputs, targets
+
+
+def fresh_objects():
+    set_seed(7)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.7)
+    return model, optimizer, scheduler
+
+
+def reference_run(dp_size: int):
+    """The same training in plain PyTorch on one process: each optimizer step sees the samples that the
+    ``dp_size`` data-parallel ranks together see in one accumulation cycle (contiguous, unshuffled)."""
+    inputs, targets = data()
+    model, optimizer, scheduler = fresh_objects()
+    per_step = MICRO_BATCH * dp_size * ACCUMULATION
+    losses = []
+    for start in range(0, SAMPLES, per_step):
+        x, y = inputs[start:start + per_step], targets[start:start + per_step]
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        optimizer.step()
+        # the prepared scheduler steps once per process per optimizer step (a schedule in single-process steps)
+        for _ in range(dp_size):
+            scheduler.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return model, losses
+
+
+def check(condition: bool, what: str, accelerator) -> None:
+    if not condition:
+        raise AssertionError(f"[process {accelerator.process_index}] {what}")
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, **TOLERANCE)
+
+
+def train(accelerator, model, optimizer, scheduler, loader):
+    """The user's loop: accumulate, backward, clip, step; returns the mean loss of each optimizer step."""
+    losses, cycle = [], []
+    model.train()
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            loss = nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            cycle.append(loss.detach())
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), MAX_NORM)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        if accelerator.sync_gradients:
+            local = torch.stack(cycle).mean()
+            losses.append(accelerator.reduce(local, reduction="mean").item())
+            cycle = []
+    return losses
+
+
+def main(strategy: str, work: Path, load_from: str | None) -> None:
+    world, kwargs = STRATEGIES[strategy]
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION, **kwargs)
+    check(accelerator.num_processes == world, f"{strategy} runs on {world} processes", accelerator)
+    dp_size = accelerator.strategy.data_parallel_size
+
+    inputs, targets = data()
+    model, optimizer, scheduler = fresh_objects()
+    loader = DataLoader(TensorDataset(inputs, targets), batch_size=MICRO_BATCH)
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    losses = train(accelerator, model, optimizer, scheduler, loader)
+
+    reference, reference_losses = reference_run(dp_size)
+    check(len(losses) == len(reference_losses), f"{len(losses)} optimizer steps, reference {len(reference_losses)}",
+          accelerator)
+    check(all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6) for a, b in zip(losses, reference_losses)),
+          f"losses {losses} differ from single-process PyTorch's {reference_losses}", accelerator)
+    trained = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        for name, value in reference.state_dict().items():
+            check(close(trained[name].cpu(), value), f"parameter {name} differs from single-process PyTorch's",
+                  accelerator)
+    print(f"ok: {strategy} matches single-process PyTorch ({len(losses)} steps)", flush=True)
+
+    # evaluation: every sample exactly once, in order
+    eval_loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(SAMPLES - 3)), batch_size=5))
+    seen = torch.cat([accelerator.gather_for_metrics(batch[0]) for batch in eval_loader])
+    check(sorted(seen.tolist()) == list(range(SAMPLES - 3)), f"gather_for_metrics saw {seen.tolist()}", accelerator)
+
+    saved = accelerator.save_state(work / strategy)
+    accelerator.wait_for_everyone()
+
+    if load_from is not None:
+        check_loads(accelerator, work / load_from, strategy, load_from)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        print(f"CONFORMANCE PASSED {strategy} (saved {saved})", flush=True)
+
+
+def check_loads(accelerator, folder: Path, strategy: str, other: str) -> None:
+    """Load another strategy's checkpoint into fresh objects: its weights, optimizer state and schedule."""
+    accelerator.free_memory()  # forget the objects trained above: the fresh ones take their places
+    model, optimizer, scheduler = fresh_objects()
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    # prepare a loader too: the checkpoint holds one loader's position
+    accelerator.prepare(DataLoader(TensorDataset(*data()), batch_size=MICRO_BATCH))
+    accelerator.load_state(folder)
+    saved = load_file(str(folder / "model.safetensors"))
+    loaded = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        for name, value in saved.items():
+            check(torch.equal(loaded[name].cpu(), value), f"{name} not loaded from {other}'s checkpoint", accelerator)
+    saved_optimizer = torch.load(folder / "optimizer.bin", weights_only=True)
+    state = optimizer.state_dict()
+    check(state["state"].keys() == saved_optimizer["state"].keys(), "optimizer state keys", accelerator)
+    for key, entry in saved_optimizer["state"].items():
+        for field, value in entry.items():
+            check(torch.equal(torch.as_tensor(state["state"][key][field]).cpu(), torch.as_tensor(value)),
+                  f"optimizer state {key}/{field} not loaded from {other}'s checkpoint", accelerator)
+    check(scheduler.state_dict()["last_epoch"] == torch.load(folder / "scheduler.bin", weights_only=True)["last_epoch"],
+          "scheduler state", accelerator)
+    if accelerator.is_main_process:
+        print(f"ok: {strategy} loaded {other}'s checkpoint", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)

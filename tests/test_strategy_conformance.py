@@ -1,0 +1,40 @@
+"""The strategy conformance suite: every strategy trains to single-process PyTorch's numbers, and a checkpoint
+saved under one strategy loads under another (tests/distributed/check_strategy_conformance.py does the work).
+
+Each backend adds itself with one line in the script's STRATEGIES table; the chain below then runs it after the
+ones before, loading the previous strategy's checkpoint, and the first strategy loads the last one's.
+"""
+import sys
+
+import pytest
+
+from helpers import DISTRIBUTED, run_launch
+
+sys.path.insert(0, str(DISTRIBUTED))
+from check_strategy_conformance import STRATEGIES  # noqa: E402
+
+ORDER = list(STRATEGIES)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("conformance")
+
+
+@pytest.mark.parametrize("position", range(len(ORDER)), ids=ORDER)
+def test_strategy_matches_single_process_pytorch_and_loads_the_previous_checkpoint(work, position):
+    strategy = ORDER[position]
+    world = STRATEGIES[strategy][0]
+    previous = [ORDER[position - 1]] if position else []
+    result = run_launch("check_strategy_conformance.py", strategy, work, *previous, num_processes=world)
+    assert f"CONFORMANCE PASSED {strategy}" in result.stdout, result.stdout
+    if previous:
+        assert f"ok: {strategy} loaded {previous[0]}'s checkpoint" in result.stdout
+
+
+def test_the_first_strategy_loads_the_last_strategys_checkpoint(work):
+    first, last = ORDER[0], ORDER[-1]
+    if not (work / last).is_dir():  # run alone: produce the last strategy's checkpoint first
+        run_launch("check_strategy_conformance.py", last, work, num_processes=STRATEGIES[last][0])
+    result = run_launch("check_strategy_conformance.py", first, work, last, num_processes=STRATEGIES[first][0])
+    assert f"ok: {first} loaded {last}'s checkpoint" in result.stdout, result.stdout
