@@ -232,6 +232,19 @@ def test_a_config_file_selecting_an_unbuilt_backend_fails_the_launched_script(tm
     assert "NotYetSupportedError" in result.stderr and "FSDP" in result.stderr
 
 
-def test_the_data_parallel_layout_drives_gathers_and_reductions_on_two_processes():
-    result = run_launch("check_data_parallel_layout.py", num_processes=2)
+def test_the_data_parallel_layout_and_per_rank_checkpoint_files_on_two_processes(tmp_path):
+    result = run_launch("check_data_parallel_layout.py", tmp_path, num_processes=2)
     assert "LAYOUT CHECKS PASSED" in result.stdout, result.stdout
+
+
+def test_the_launchers_parallelism_flags_reach_the_accelerator(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from hasten import Accelerator\n"
+        "accelerator = Accelerator(cpu=True)\n"
+        "config, mesh = accelerator.parallelism_config, accelerator.torch_device_mesh\n"
+        "print('LAYOUT', accelerator.process_index, config.dp_replicate_size, mesh.mesh_dim_names, "
+        "type(accelerator.strategy).__name__)\n")
+    result = run_launch(script, num_processes=2, launch_args=["--parallelism_config_dp_replicate_size", "2"])
+    assert "LAYOUT 0 2 ('dp_replicate',) DDPStrategy" in result.stdout, result.stdout
+    assert "LAYOUT 1 2 ('dp_replicate',) DDPStrategy" in result.stdout

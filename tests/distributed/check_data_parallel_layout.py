@@ -7,15 +7,23 @@ Run by tests/test_strategy_seam.py under ``hasten launch -n 2``:
 2. ``ParallelismConfig(tp_size=2)`` with no tensor-parallel backend: NotYetSupportedError on every process;
 3. a stand-in model-parallel strategy whose layout is ``tp=2`` (both processes are one data-parallel rank, each
    holding a whole replica): both processes get every batch, ``gather_for_metrics`` / ``gather`` / ``reduce`` count
-   each sample once, ``num_items_in_batch`` is normalised over the data-parallel size (1), not over 2 processes.
+   each sample once, ``num_items_in_batch`` is normalised over the data-parallel size (1), not over 2 processes;
+4. a stand-in sharded checkpoint IO writing one file per rank into the staging folder: the transaction's marker
+   lists both ranks' files, each rank reads its own back, and a missing rank file refuses the load on every rank.
 
 Prints LAYOUT CHECKS PASSED.
 """
+import json
+import sys
+from pathlib import Path
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from hasten import Accelerator, ParallelismConfig
+from hasten.checkpointing import CheckpointError
+from hasten.checkpointing.checkpoint_io import FullStateCheckpointIO
 from hasten.parallel import ParallelDims
 from hasten.state import AcceleratorState
 from hasten.strategies import DDPStrategy
@@ -82,16 +90,56 @@ def model_parallel_layout() -> None:
     print("ok: a model-parallel layout shards, gathers, reduces and normalises over data-parallel ranks", flush=True)
 
 
-def main() -> None:
+class OneFilePerRank(FullStateCheckpointIO):
+    """Stand-in for a sharded backend's IO: each rank also writes and reads a file of its own."""
+
+    def write(self, strategy, staging, collected, *, writes_shared_files, process_index, safe_serialization=True):
+        super().write(strategy, staging, collected, writes_shared_files=writes_shared_files,
+                      process_index=process_index, safe_serialization=safe_serialization)
+        (staging / "shards").mkdir(exist_ok=True)
+        torch.save({"rank": process_index}, staging / "shards" / f"rank_{process_index}.pt")
+
+    def read(self, strategy, folder, marker, targets, **kwargs):
+        rank = torch.distributed.get_rank()
+        mine = torch.load(folder / "shards" / f"rank_{rank}.pt", weights_only=True)
+        check(mine == {"rank": rank}, f"read back {mine}")
+        return super().read(strategy, folder, marker, targets, **kwargs)
+
+
+def sharded_checkpoint_io(work: Path) -> None:
+    accelerator = Accelerator(cpu=True)
+    accelerator.strategy.checkpoint_io = OneFilePerRank()
+    model = nn.Linear(3, 2)
+    accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    folder = Path(accelerator.save_state(work / "per_rank"))
+    marker = json.loads((folder / "hasten_checkpoint.json").read_text())
+    check({"shards/rank_0.pt", "shards/rank_1.pt"} <= set(marker["files"]), f"marker lists {sorted(marker['files'])}")
+    accelerator.load_state(folder)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (folder / "shards" / "rank_1.pt").unlink()
+    accelerator.wait_for_everyone()
+    try:
+        accelerator.load_state(folder)
+    except CheckpointError as error:
+        check("rank_1.pt" in str(error), str(error))
+    else:
+        check(False, "a checkpoint missing a rank's file was loaded")
+    print("ok: a strategy's per-rank files are written, listed in the marker, read and checked", flush=True)
+
+
+def main(work: Path) -> None:
     replicated_config()
     AcceleratorState._reset_state()
     unbuilt_backend_refused()
     AcceleratorState._reset_state()
     model_parallel_layout()
+    AcceleratorState._reset_state()
+    sharded_checkpoint_io(work)
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         print("LAYOUT CHECKS PASSED", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]))

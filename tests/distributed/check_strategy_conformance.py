@@ -23,13 +23,14 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator
+from hasten import Accelerator, ParallelismConfig
 from hasten.utils import set_seed
 
 # name -> (processes, Accelerator arguments). A new backend adds its line here and in the test's table.
 STRATEGIES = {
     "single": (1, {}),
     "ddp": (2, {}),
+    "ddp_mesh": (2, {"parallelism_config": ParallelismConfig(dp_replicate_size=2)}),  # DDP over the run's mesh
 }
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32 on CPU; only the reduction order differs between strategies
 SAMPLES, MICRO_BATCH, ACCUMULATION, MAX_NORM = 96, 4, 2, 0.5
