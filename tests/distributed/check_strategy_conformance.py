@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator, ParallelismConfig
+from hasten import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
 from hasten.utils import set_seed
 
 # name -> (processes, Accelerator arguments). A new backend adds its line here and in the test's table.
@@ -31,6 +31,7 @@ STRATEGIES = {
     "single": (1, {}),
     "ddp": (2, {}),
     "ddp_mesh": (2, {"parallelism_config": ParallelismConfig(dp_replicate_size=2)}),  # DDP over the run's mesh
+    "fsdp2": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2)}),
 }
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32 on CPU; only the reduction order differs between strategies
 SAMPLES, MICRO_BATCH, ACCUMULATION, MAX_NORM = 96, 4, 2, 0.5
@@ -142,26 +143,32 @@ def main(strategy: str, work: Path, load_from: str | None) -> None:
 
 
 def check_loads(accelerator, folder: Path, strategy: str, other: str) -> None:
-    """Load another strategy's checkpoint into fresh objects: its weights, optimizer state and schedule."""
+    """Load another strategy's checkpoint into fresh objects, save it again under this strategy, and compare the
+    two checkpoints' weights, optimizer state and schedule (the files hold full states under every strategy)."""
     accelerator.free_memory()  # forget the objects trained above: the fresh ones take their places
     model, optimizer, scheduler = fresh_objects()
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     # prepare a loader too: the checkpoint holds one loader's position
     accelerator.prepare(DataLoader(TensorDataset(*data()), batch_size=MICRO_BATCH))
     accelerator.load_state(folder)
-    saved = load_file(str(folder / "model.safetensors"))
-    loaded = accelerator.get_state_dict(model)
-    if accelerator.is_main_process:
-        for name, value in saved.items():
-            check(torch.equal(loaded[name].cpu(), value), f"{name} not loaded from {other}'s checkpoint", accelerator)
-    saved_optimizer = torch.load(folder / "optimizer.bin", weights_only=True)
-    state = optimizer.state_dict()
-    check(state["state"].keys() == saved_optimizer["state"].keys(), "optimizer state keys", accelerator)
-    for key, entry in saved_optimizer["state"].items():
+    again = Path(accelerator.save_state(folder.parent / f"{strategy}_from_{other}"))
+    accelerator.wait_for_everyone()
+    saved, resaved = load_file(str(folder / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    check(saved.keys() == resaved.keys(), f"model keys {sorted(saved)} vs {sorted(resaved)}", accelerator)
+    for name, value in saved.items():
+        check(torch.equal(resaved[name], value), f"{name} not loaded from {other}'s checkpoint", accelerator)
+    before = torch.load(folder / "optimizer.bin", weights_only=True)
+    after = torch.load(again / "optimizer.bin", weights_only=True)
+    check(before["state"].keys() == after["state"].keys(), "optimizer state keys", accelerator)
+    for key, entry in before["state"].items():
         for field, value in entry.items():
-            check(torch.equal(torch.as_tensor(state["state"][key][field]).cpu(), torch.as_tensor(value)),
+            check(torch.equal(torch.as_tensor(after["state"][key][field]), torch.as_tensor(value)),
                   f"optimizer state {key}/{field} not loaded from {other}'s checkpoint", accelerator)
-    check(scheduler.state_dict()["last_epoch"] == torch.load(folder / "scheduler.bin", weights_only=True)["last_epoch"],
+    check([{k: v for k, v in g.items() if k != "params"} for g in before["param_groups"]]
+          == [{k: v for k, v in g.items() if k != "params"} for g in after["param_groups"]],
+          "optimizer hyperparameters", accelerator)
+    check(torch.load(folder / "scheduler.bin", weights_only=True) == torch.load(again / "scheduler.bin",
+                                                                             weights_only=True),
           "scheduler state", accelerator)
     if accelerator.is_main_process:
         print(f"ok: {strategy} loaded {other}'s checkpoint", flush=True)

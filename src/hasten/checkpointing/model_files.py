@@ -35,6 +35,8 @@ def _alias_key(tensor: torch.Tensor):
     """Equal for two names of one tensor (same memory, same view), different otherwise."""
     if tensor.device.type == "meta" or tensor.numel() == 0:
         return None
+    if hasattr(tensor, "device_mesh"):  # a DTensor (a sharded backend's parameter): tied names share the object
+        return ("distributed", id(tensor))
     return (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.dtype,
             tuple(tensor.shape), tuple(tensor.stride()))
 

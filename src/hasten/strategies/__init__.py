@@ -19,16 +19,34 @@ from .single import SingleDeviceStrategy
 __all__ = ["Strategy", "SingleDeviceStrategy", "DDPStrategy", "select_strategy", "requested_backend"]
 
 
+def _fsdp(state, kwargs_handlers, dims, plugin=None) -> Strategy:
+    """FSDP2 (``strategies/fsdp.py``); without a plugin, one read from the launcher's ``FSDP_*`` environment,
+    or a default FSDP2 one when a ParallelismConfig's ``dp_shard_size`` asks for sharding."""
+    from ..config.fsdp import FullyShardedDataParallelPlugin
+    from .fsdp import FSDPStrategy
+
+    if plugin is None:
+        plugin = (FullyShardedDataParallelPlugin(fsdp_version=2) if dims is not None and dims.dp_shard > 1
+                  and not _env_selects("use_fsdp") else FullyShardedDataParallelPlugin())
+    return FSDPStrategy(state, kwargs_handlers, dims, plugin)
+
+
+def _env_selects(switch: str) -> bool:
+    from ..config.env_aliases import get_flag_setting
+
+    return get_flag_setting(switch)
+
+
 @dataclass(frozen=True)
 class _Backend:
     label: str
     plugin: str  # the Accelerator argument that selects it
     env_switch: Optional[str]  # the launcher's HASTEN_<SWITCH> (config file distributed_type); None: no switch
-    factory: Optional[Callable[..., Strategy]] = None  # None: not built yet
+    factory: Optional[Callable[..., Strategy]] = None  # (state, handlers, dims, plugin) -> Strategy; None: not built
 
 
 _BACKENDS = (
-    _Backend("FSDP", "fsdp_plugin", "use_fsdp"),
+    _Backend("FSDP", "fsdp_plugin", "use_fsdp", _fsdp),
     _Backend("DeepSpeed", "deepspeed_plugin", "use_deepspeed"),
     _Backend("Megatron-LM", "megatron_lm_plugin", "use_megatron_lm"),
     _Backend("tensor parallelism", "torch_tp_plugin", None),
@@ -40,13 +58,13 @@ _MEANWHILE = "remove it to train with DDP (several processes) or on a single dev
 def requested_backend(plugins: dict) -> Optional[tuple]:
     """``(backend, how it was asked for)`` for the first backend a plugin argument or the launcher's environment
     selects, else None."""
-    from ..config.env_aliases import get_flag_setting, setting_variables
+    from ..config.env_aliases import setting_variables
 
     for backend in _BACKENDS:
         if plugins.get(backend.plugin) is not None:
             return backend, f"{backend.plugin}=..."
     for backend in _BACKENDS:
-        if backend.env_switch is not None and get_flag_setting(backend.env_switch):
+        if backend.env_switch is not None and _env_selects(backend.env_switch):
             variable = setting_variables(backend.env_switch)[0]
             return backend, (f"{variable}=true, set by `hasten launch` from a config file's distributed_type or a "
                              "--use_* flag")
@@ -58,14 +76,14 @@ def _needed_by_layout(dims) -> Optional[tuple]:
     if dims is None:
         return None
     wants = []
-    if dims.dp_shard > 1:
-        wants.append(("FSDP (sharded data parallelism)", f"dp_shard_size={dims.dp_shard}"))
     if dims.tp > 1:
         wants.append(("tensor parallelism", f"tp_size={dims.tp}"))
     if dims.cp > 1:
         wants.append(("context parallelism", f"cp_size={dims.cp}"))
     if getattr(dims, "sp", 1) > 1:
         wants.append(("DeepSpeed sequence parallelism", f"sp_size={dims.sp}"))
+    if dims.dp_shard > 1:  # last: sharding alone is FSDP, which exists
+        wants.append(("FSDP (sharded data parallelism)", f"dp_shard_size={dims.dp_shard}"))
     return wants[0] if wants else None
 
 
@@ -77,8 +95,10 @@ def select_strategy(state, kwargs_handlers=None, dims=None, **plugins) -> Strate
         backend, how = asked
         if backend.factory is None:
             raise not_yet_supported(f"{backend.label} ({how})", _MEANWHILE)
-        return backend.factory(state, kwargs_handlers, dims)
+        return backend.factory(state, kwargs_handlers, dims, plugins.get(backend.plugin))
     needed = _needed_by_layout(dims)
+    if needed is not None and needed[0].startswith("FSDP"):
+        return _fsdp(state, kwargs_handlers, dims)
     if needed is not None:
         label, sizes = needed
         raise not_yet_supported(f"{label} (ParallelismConfig {sizes})",

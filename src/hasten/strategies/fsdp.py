@@ -1,0 +1,208 @@
+"""Fully Sharded Data Parallel with FSDP2 (``torch.distributed.fsdp.fully_shard``), on CPU (gloo) and GPU (nccl).
+
+Parameters, gradients and optimizer state are sharded over the layout's ``dp_shard`` dimension; with
+``dp_replicate > 1`` too (a ``ParallelismConfig``), shards are replicated across replica groups (HSDP). The
+preparation order: the precision's forward wrapper, activation checkpointing of the wrap units, ``fully_shard``
+on each unit (children first) then on the root, then compilation; the optimizers given in the same
+``prepare()`` call are re-pointed at the sharded parameters.
+
+Checkpoints hold full state dicts (gathered to the main process with CPU offload), in the same files as every
+other strategy, so they load across strategies and numbers of processes.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..config.enums import DistributedType
+from ..utils.planned import not_yet_supported
+from .base import Strategy
+from .fsdp_state_dicts import by_name, by_position, is_local_state, parameter_names
+from .fsdp_wrapping import apply_activation_checkpointing, clean_name, ignored_parameters, wrap_policy, wrap_units
+
+__all__ = ["FSDPStrategy"]
+
+
+class FSDPStrategy(Strategy):
+    """Shards every prepared model with ``fully_shard`` over the data-parallel shard mesh."""
+
+    distributed_type = DistributedType.FSDP
+    prepares_models_with_optimizers = True
+
+    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
+        from ..config.fsdp import FullyShardedDataParallelPlugin
+
+        self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin(fsdp_version=2)
+        if self.plugin.fsdp_version != 2:
+            raise not_yet_supported("FSDP1 (fsdp_version=1)",
+                                    "use FullyShardedDataParallelPlugin(fsdp_version=2) (FSDP_VERSION=2)")
+        if state.num_processes < 2:
+            raise ValueError("FSDP shards the model over several processes and this run has 1: launch it with "
+                             "`hasten launch -n N train.py` (N >= 2), or remove the FSDP plugin to train on one "
+                             "device.")
+        super().__init__(state, kwargs_handlers, _sharded_layout(dims, state.num_processes))
+
+    # ------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        self.state.distributed_type = DistributedType.FSDP  # what scripts check (AcceleratorState only)
+        self.state.fsdp_plugin = self.plugin
+
+    def _shard_mesh(self):
+        layout = self.layout
+        layout.build_mesh(self.state.device.type)
+        if layout.dp_replicate > 1:  # HSDP: replicate across the first dimension, shard across the second
+            return layout.mesh["dp_replicate", "dp_shard_cp" if layout.cp > 1 else "dp_shard"]
+        return layout.submesh("dp_shard_cp" if layout.cp > 1 else "dp_shard")
+
+    def _offload_policy(self):
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        policy = self.plugin.cpu_offload
+        if isinstance(policy, CPUOffloadPolicy) and policy.pin_memory and not torch.cuda.is_available():
+            return CPUOffloadPolicy(pin_memory=False)  # pinned memory needs a GPU
+        return policy
+
+    # ------------------------------------------------------------ preparation
+    def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None):
+        originals = {}  # id(original parameter) -> its name, to re-point the optimizers afterwards
+        prepared = []
+        for model, place in zip(models, device_placement):
+            if place:
+                model = model.to(self.state.device)
+            originals.update({id(p): clean_name(n) for n, p in model.named_parameters()})
+            model = self._shard(self.precision.wrap_forward(model))
+            prepared.append(compile_model(model) if compile_model is not None else model)
+        sharded = {clean_name(n): p for model in prepared for n, p in self.unwrap(model).named_parameters()}
+        for optimizer in optimizers:
+            _repoint(optimizer, originals, sharded)
+        return prepared, [self.prepare_optimizer(o) for o in optimizers]
+
+    def _shard(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+        if isinstance(model, FSDPModule):
+            return model
+        units = wrap_units(model, wrap_policy(model, self.plugin))
+        options = dict(mesh=self._shard_mesh(), reshard_after_forward=self.plugin.reshard_after_forward,
+                       mp_policy=self.plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+                       offload_policy=self._offload_policy())
+        ignored = ignored_parameters(model, self.plugin.ignored_modules)
+        if ignored:
+            options["ignored_params"] = ignored
+        if self.plugin.activation_checkpointing:
+            apply_activation_checkpointing(model, units, offload=self.plugin.activation_checkpointing_offload)
+            units = [_checkpointed(model, unit) for unit in units]
+        for unit in units:
+            fully_shard(unit, **options)
+        fully_shard(model, **options)
+        return model
+
+    # ------------------------------------------------------------ the training step
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module):
+        sharded = self.unwrap(model)
+        if not hasattr(sharded, "set_requires_gradient_sync"):
+            yield
+            return
+        sharded.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            sharded.set_requires_gradient_sync(True)
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2, *, models=(), optimizers=()):
+        """The total norm of the sharded gradients, reduced over the mesh (every rank gets it), then clipping."""
+        from torch.distributed.tensor import DTensor
+
+        parameters = [p for p in parameters if p.grad is not None]
+        grads = [p.grad for p in parameters]
+        total = torch.nn.utils.get_total_norm(grads, norm_type=norm_type)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+        return total
+
+    # ------------------------------------------------------------ state dicts (full, on the main process)
+    def _options(self, **extra):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=True, **extra)
+
+    def model_state_dict(self, model: nn.Module, full: bool = True) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        if not full:
+            return self.unwrap(model).state_dict()
+        return get_model_state_dict(self.unwrap(model), options=self._options(cpu_offload=True))
+
+    def load_model_state_dict(self, model: nn.Module, state_dict: dict, strict: bool = True):
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        return set_model_state_dict(self.unwrap(model), state_dict, options=self._options(strict=strict))
+
+    def optimizer_state_dict(self, model: Optional[nn.Module], optimizer) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        inner = getattr(optimizer, "optimizer", optimizer)
+        module = self.unwrap(_required(model, optimizer))
+        named = get_optimizer_state_dict(module, inner, options=self._options(cpu_offload=True))
+        return by_position(named, parameter_names(module, inner), inner.param_groups)
+
+    def load_optimizer_state_dict(self, model: Optional[nn.Module], optimizer, state_dict: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        inner = getattr(optimizer, "optimizer", optimizer)
+        if is_local_state(state_dict):  # this rank's own shards (putting back a failed load)
+            inner.load_state_dict(state_dict)
+            return
+        module = self.unwrap(_required(model, optimizer))
+        set_optimizer_state_dict(module, inner, by_name(state_dict, parameter_names(module, inner)),
+                                 options=self._options())
+        for live, saved in zip(inner.param_groups, state_dict["param_groups"]):  # hyperparameters as saved
+            live.update({key: value for key, value in saved.items() if key != "params"})  # (tuples stay tuples)
+
+
+def _sharded_layout(dims, world_size: int):
+    """The layout FSDP shards over: the ParallelismConfig's, or every process one shard."""
+    from ..parallel import ParallelDims
+
+    if dims is None or (dims.dp_shard == 1 and not dims.model_parallel):
+        return ParallelDims(dp_shard=world_size, world_size=world_size)
+    return dims
+
+
+def _checkpointed(model: nn.Module, unit: nn.Module) -> nn.Module:
+    """The activation-checkpointing wrapper that now holds ``unit`` (FSDP shards the wrapper)."""
+    for module in model.modules():
+        if getattr(module, "_checkpoint_wrapped_module", None) is unit:
+            return module
+    return unit
+
+
+def _repoint(optimizer, originals: dict, sharded: dict) -> None:
+    """Point ``optimizer``'s parameter groups at the sharded parameters that replaced the originals."""
+    if optimizer.state:
+        raise ValueError(
+            "The optimizer has already stepped (it holds state for the unsharded parameters): prepare the model and "
+            "its optimizer before the first optimizer step.")
+    for group in optimizer.param_groups:
+        replaced = []
+        for param in group["params"]:
+            name = originals.get(id(param))
+            if name is None or name not in sharded:
+                raise ValueError(
+                    "An optimizer given to prepare() trains a parameter of no model in the same prepare() call: with "
+                    "FSDP, pass each model and its optimizer together: model, optimizer = accelerator.prepare("
+                    "model, optimizer).")
+            replaced.append(sharded[name])
+        group["params"] = replaced
+
+
+def _required(model, optimizer):
+    if model is None:
+        raise ValueError(f"No prepared model owns the parameters of this {type(optimizer).__name__}: FSDP needs the "
+                         "model to gather its optimizer's state.")
+    return model

@@ -1,0 +1,60 @@
+"""Full (unsharded) model and optimizer state dicts of FSDP-sharded models, in the layout every strategy writes.
+
+torch's ``get_optimizer_state_dict`` keys an optimizer's state by parameter name; ``optimizer.state_dict()``, which
+the other strategies (and the reference library) write, keys it by position. A full FSDP optimizer state is
+converted to positions when saved and back to names when loaded, so a checkpoint saved under FSDP loads under
+DDP or on one process, and the reverse.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from .fsdp_wrapping import clean_name
+
+__all__ = ["parameter_names", "by_position", "by_name", "is_local_state"]
+
+
+def parameter_names(model: nn.Module, optimizer) -> list[list[str]]:
+    """For each parameter group of ``optimizer``, the names (in ``model``) of its parameters, in order."""
+    names = {id(param): clean_name(name) for name, param in model.named_parameters()}
+    groups = []
+    for group in optimizer.param_groups:
+        missing = [i for i, param in enumerate(group["params"]) if id(param) not in names]
+        if missing:
+            raise ValueError(
+                f"The optimizer holds {len(missing)} parameter(s) that are not parameters of its prepared model: "
+                "create the optimizer from model.parameters() and prepare them together.")
+        groups.append([names[id(param)] for param in group["params"]])
+    return groups
+
+
+def by_position(named: dict, names: list[list[str]], live_groups: list) -> dict:
+    """A name-keyed optimizer state dict as ``optimizer.state_dict()`` lays it out (state keyed 0, 1, ...); the
+    hyperparameters come from the optimizer's own ``live_groups`` (the name-keyed dict turns tuples into lists)."""
+    if not named:
+        return {}
+    flat = [name for group in names for name in group]
+    state = {index: named["state"][name] for index, name in enumerate(flat) if name in named["state"]}
+    groups, start = [], 0
+    for live, group_names in zip(live_groups, names):
+        groups.append({**{k: v for k, v in live.items() if k != "params"},
+                       "params": list(range(start, start + len(group_names)))})
+        start += len(group_names)
+    return {"state": state, "param_groups": groups}
+
+
+def by_name(positional: dict, names: list[list[str]]) -> dict:
+    """``optimizer.state_dict()``'s layout keyed by parameter name, as ``set_optimizer_state_dict`` takes it."""
+    flat = [name for group in names for name in group]
+    state = {flat[int(index)]: value for index, value in positional["state"].items()}
+    groups = [{**{k: v for k, v in saved.items() if k != "params"}, "params": list(group_names)}
+              for saved, group_names in zip(positional["param_groups"], names)]
+    return {"state": state, "param_groups": groups}
+
+
+def is_local_state(state: dict) -> bool:
+    """Whether an optimizer state holds this rank's shards (DTensors): the optimizer's own ``state_dict()``."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(value, DTensor) for entry in state.get("state", {}).values()
+               for value in (entry.values() if isinstance(entry, dict) else ()))
