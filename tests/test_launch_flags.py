@@ -106,8 +106,10 @@ def test_equals_forms_parse(script):
 
 
 # ------------------------------------------------------------------------------------------ backends not there yet
-def _backend_cases():
+def _backend_cases(ready: bool = False):
     for group in BACKEND_GROUPS:
+        if group.ready != ready:
+            continue
         for option in group.options:
             yield pytest.param(group, option, id=f"--{option.name}")
 
@@ -123,11 +125,20 @@ def test_each_backend_flag_is_not_yet_supported_before_anything_starts(script, g
     assert group.feature in message and f"--{option.name}" in message and "not yet supported" in message
 
 
+@pytest.mark.parametrize("group, option", list(_backend_cases(ready=True)))
+def test_each_flag_of_a_built_backend_reaches_its_plugin(script, group, option):
+    parser = launch_command_parser()
+    action = next(action for action in parser._actions if f"--{option.name}" in action.option_strings)
+    sample = _sample(action)
+    env = plan_for([f"--{option.name}", *sample, script]).env
+    setting = option.name if option.name.startswith(("use_", group.env_prefix)) else group.env_prefix + option.name
+    setting = {"fsdp_transformer_layer_cls_to_wrap": "fsdp_transformer_cls_to_wrap"}.get(setting, setting)
+    variable = "HASTEN_" + setting.upper()
+    assert variable in env, sorted(env)
+    assert env[variable] == (sample[0] if sample else "true")
+
+
 def test_the_command_line_reports_a_backend_flag_and_launches_nothing(script, no_launch, capsys):
-    assert cli.main(["launch", "--use-fsdp", "--fsdp_version", "2", "-n", "2", script]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("hasten launch: error: FSDP (--use_fsdp, --fsdp_version) is not yet supported")
-    assert "Meanwhile: train with DDP" in err
     assert cli.main(["launch", "--deepspeed_config_file", "ds.json", script]) == 2
     assert "DeepSpeed (--deepspeed_config_file)" in capsys.readouterr().err
     assert cli.main(["launch", "--main_training_function", "main", script]) == 2

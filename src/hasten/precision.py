@@ -104,9 +104,11 @@ class MixedPrecision:
         device: the device the model computes on.
         scaler_kwargs: a ``GradScalerKwargs`` (fp16 only).
         autocast_kwargs: an ``AutocastKwargs`` applied to every autocast region.
+        scaler_class: the fp16 loss scaler's class (a sharded backend's; ``torch.amp.GradScaler`` by default).
     """
 
-    def __init__(self, mode: str, device: torch.device, scaler_kwargs=None, autocast_kwargs=None):
+    def __init__(self, mode: str, device: torch.device, scaler_kwargs=None, autocast_kwargs=None,
+                 scaler_class=None):
         self.mode = mode
         self.device = device
         self.autocast_kwargs = autocast_kwargs
@@ -122,7 +124,7 @@ class MixedPrecision:
                            "use mixed_precision='bf16' on CPUs.")
             options = scaler_kwargs.to_kwargs() if scaler_kwargs is not None else {}
             options["device"] = device.type
-            self.scaler = torch.amp.GradScaler(**options)
+            self.scaler = (scaler_class or torch.amp.GradScaler)(**options)
         elif mode == "fp8":
             _check_fp8_available(device)
 

@@ -26,12 +26,14 @@ from torch.utils.data import DataLoader, TensorDataset
 from hasten import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
 from hasten.utils import set_seed
 
-# name -> (processes, Accelerator arguments). A new backend adds its line here and in the test's table.
+# name -> (processes, Accelerator arguments, the strategy class they must select). A new backend adds its line.
 STRATEGIES = {
-    "single": (1, {}),
-    "ddp": (2, {}),
-    "ddp_mesh": (2, {"parallelism_config": ParallelismConfig(dp_replicate_size=2)}),  # DDP over the run's mesh
-    "fsdp2": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2)}),
+    "single": (1, {}, "SingleDeviceStrategy"),
+    "ddp": (2, {}, "DDPStrategy"),
+    "ddp_mesh": (2, {"parallelism_config": ParallelismConfig(dp_replicate_size=2)}, "DDPStrategy"),  # on the mesh
+    "fsdp2": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2)}, "FSDPStrategy"),
+    "fsdp2_config": (2, {"parallelism_config": ParallelismConfig(dp_shard_size=2)}, "FSDPStrategy"),
+    "hsdp": (4, {"parallelism_config": ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)}, "FSDPStrategy"),
 }
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32 on CPU; only the reduction order differs between strategies
 SAMPLES, MICRO_BATCH, ACCUMULATION, MAX_NORM = 96, 4, 2, 0.5
@@ -104,9 +106,11 @@ def train(accelerator, model, optimizer, scheduler, loader):
 
 
 def main(strategy: str, work: Path, load_from: str | None) -> None:
-    world, kwargs = STRATEGIES[strategy]
+    world, kwargs, expected = STRATEGIES[strategy]
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION, **kwargs)
     check(accelerator.num_processes == world, f"{strategy} runs on {world} processes", accelerator)
+    chosen = type(accelerator.strategy).__name__
+    check(chosen == expected, f"{strategy} selected {chosen}, not {expected}", accelerator)
     dp_size = accelerator.strategy.data_parallel_size
 
     inputs, targets = data()

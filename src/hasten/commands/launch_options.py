@@ -10,12 +10,13 @@ the variables its plugin reads: the switch as ``HASTEN_USE_<BACKEND>=true``, eac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ..utils.environment import env_name
 from ..utils.planned import NotYetSupportedError, not_yet_supported
+from .errors import CommandError
 
-__all__ = ["Option", "BackendGroup", "BACKEND_GROUPS", "add_backend_options", "given_backend_options",
+__all__ = ["Option", "BackendGroup", "BACKEND_GROUPS", "add_backend_options", "given_backend_options", "section_env",
            "backend_not_yet_supported", "backend_env"]
 
 
@@ -91,7 +92,7 @@ BACKEND_GROUPS = (
         Option("deepspeed_multinode_launcher", "pdsh, standard, openmpi, mvapich, mpich, slurm or nossh"),
         Option("deepspeed_moe_layer_cls_names", "comma-separated MoE layer class names to wrap"),
     )),
-    BackendGroup("FSDP", "FSDP", _USE_DDP, env_prefix="fsdp_", options=(
+    BackendGroup("FSDP", "FSDP", _USE_DDP, env_prefix="fsdp_", ready=True, options=(
         _switch("use_fsdp", "train with Fully Sharded Data Parallel"),
         Option("fsdp_version", "FSDP version, 1 or 2", choices=("1", "2")),
         _bool("fsdp_offload_params", "offload parameters and gradients to the CPU"),
@@ -216,6 +217,26 @@ def _env_text(value) -> str:
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
+# Flag / config-file names whose plugin setting is spelled differently (Accelerate's launcher maps them the same way).
+_SETTING_NAMES = {"fsdp_transformer_layer_cls_to_wrap": "fsdp_transformer_cls_to_wrap"}
+
+
+def section_env(group_title: str, section: Optional[Mapping]) -> dict:
+    """The ``HASTEN_*`` variables for a config file's backend section (``fsdp_config``: Accelerate's keys, e.g.
+    ``fsdp_version: 2`` -> ``HASTEN_FSDP_VERSION=2``); keys that are not options of the group are refused."""
+    group = next(group for group in BACKEND_GROUPS if group.title == group_title)
+    known = {_dest(option) for option in group.options}
+    env = {}
+    for key, value in (section or {}).items():
+        if value is None:
+            continue
+        if key not in known:
+            raise CommandError(f"The config file's {group.env_prefix}config has an unknown key {key!r}; the known "
+                               f"keys are {', '.join(sorted(known))}.")
+        env[env_name(_SETTING_NAMES.get(key, key))] = _env_text(value)
+    return env
+
+
 def backend_env(args) -> dict:
     """The ``HASTEN_*`` variables that carry the flags of ready groups given in ``args`` to their plugins."""
     env = {}
@@ -229,5 +250,5 @@ def backend_env(args) -> dict:
             dest = _dest(option)
             switch = index == 0 and dest.startswith("use_")  # --use_fsdp -> HASTEN_USE_FSDP
             setting = dest if switch or dest.startswith(group.env_prefix) else group.env_prefix + dest
-            env[env_name(setting)] = _env_text(value)
+            env[env_name(_SETTING_NAMES.get(setting, setting))] = _env_text(value)
     return env

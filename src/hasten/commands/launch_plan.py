@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 from ..config.enums import DistributedType, DynamoBackend, PrecisionType
 from ..utils.environment import env_name, str_to_bool
 from .errors import CommandError
-from .launch_options import backend_env, backend_not_yet_supported, given_backend_options
+from .launch_options import backend_env, backend_not_yet_supported, given_backend_options, section_env
 from .launch_parallelism import parallelism_env
 from .loopback_store import is_loopback
 from .slurm import SlurmLayout, first_host, slurm_layout
@@ -448,6 +448,8 @@ def worker_env(values: dict, sources: dict, config: Optional[Mapping], config_pa
         kind = str(config.get("distributed_type") or "").upper() if config else ""
         if kind in STRATEGY_ENV:
             env[env_name(STRATEGY_ENV[kind])] = "true"
+        if kind == DistributedType.FSDP.value:  # the fsdp_config section reaches the plugin (flags win later)
+            env.update(section_env("FSDP", config.get("fsdp_config")))
     gpu_ids = values.get("gpu_ids")
     if gpu_ids and gpu_ids.strip().lower() != "all":
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids.strip()

@@ -45,7 +45,19 @@ class FSDPStrategy(Strategy):
                              "device.")
         super().__init__(state, kwargs_handlers, _sharded_layout(dims, state.num_processes))
 
-    # ------------------------------------------------------------ set-up
+    # ------------------------------------------------------------ precision and set-up
+    def create_precision(self):
+        """Autocast as on other backends (``mixed_precision_policy`` casts the sharded parameters besides); fp16
+        gradients are unscaled by a scaler that checks every rank's shard for overflow."""
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        from ..config.kwargs import AutocastKwargs, GradScalerKwargs
+        from ..precision import MixedPrecision
+
+        return MixedPrecision(self.state.mixed_precision, self.state.device,
+                              scaler_kwargs=self.handlers.get(GradScalerKwargs),
+                              autocast_kwargs=self.handlers.get(AutocastKwargs), scaler_class=ShardedGradScaler)
+
     def setup(self) -> None:
         self.state.distributed_type = DistributedType.FSDP  # what scripts check (AcceleratorState only)
         self.state.fsdp_plugin = self.plugin
@@ -114,15 +126,24 @@ class FSDPStrategy(Strategy):
             sharded.set_requires_gradient_sync(True)
 
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2, *, models=(), optimizers=()):
-        """The total norm of the sharded gradients, reduced over the mesh (every rank gets it), then clipping."""
+        """The total norm of the gradients (sharded ones reduced over their mesh; those of ignored modules are
+        local), the same on every rank; then every gradient is scaled by one factor."""
         from torch.distributed.tensor import DTensor
 
-        parameters = [p for p in parameters if p.grad is not None]
-        grads = [p.grad for p in parameters]
-        total = torch.nn.utils.get_total_norm(grads, norm_type=norm_type)
-        if isinstance(total, DTensor):
-            total = total.full_tensor()
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+        groups: dict = {}  # sharded gradients by mesh, local ones under None
+        for param in parameters:
+            if param.grad is not None:
+                key = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
+                groups.setdefault(key, []).append(param)
+        norms = []
+        for members in groups.values():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in members], norm_type=norm_type)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if not norms:
+            return torch.tensor(0.0)
+        total = torch.nn.utils.get_total_norm(norms, norm_type=norm_type)
+        for members in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(members, max_norm, total)
         return total
 
     # ------------------------------------------------------------ state dicts (full, on the main process)

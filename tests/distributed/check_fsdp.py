@@ -1,0 +1,172 @@
+"""FSDP2 on 2 CPU processes: the plugin's wrapping options, bad input, fp16, and the state-dict helpers.
+
+Run by tests/test_fsdp.py under ``hasten launch -n 2``. Each check builds a fresh Accelerator (the shared state is
+reset between them). Prints FSDP CHECKS PASSED.
+"""
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from hasten import Accelerator, FullyShardedDataParallelPlugin
+from hasten.state import AcceleratorState
+from hasten.utils import set_seed
+
+
+class Block(nn.Module):
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class TinyTransformer(nn.Module):
+    _no_split_modules = ["Block"]
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 16)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def check(condition: bool, what: str) -> None:
+    if not condition:
+        raise AssertionError(f"[rank {torch.distributed.get_rank()}] {what}")
+
+
+def fresh(**plugin_options):
+    AcceleratorState._reset_state()
+    mixed_precision = plugin_options.pop("mixed_precision", None)
+    accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision,
+                              fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, **plugin_options))
+    set_seed(0)
+    model = TinyTransformer()
+    return accelerator, model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def train_steps(accelerator, model, optimizer, steps: int = 3) -> list:
+    generator = torch.Generator().manual_seed(accelerator.process_index)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(8, 4, generator=generator)
+        loss = model(x).pow(2).mean()
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def raises(error_type, words, function):
+    try:
+        function()
+    except error_type as error:
+        check(all(word in str(error) for word in words), f"{error_type.__name__} without {words}: {error}")
+        return
+    check(False, f"no {error_type.__name__} ({words})")
+
+
+def wrapping_policies() -> None:
+    accelerator, model, optimizer = fresh(auto_wrap_policy="transformer_based_wrap")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    check(isinstance(model, FSDPModule) and all(isinstance(b, FSDPModule) for b in model.blocks),
+          "transformer_based_wrap through _no_split_modules shards each Block and the root")
+    check(not isinstance(model.head, FSDPModule), "the head is part of the root unit")
+    check(all(isinstance(p, DTensor) for p in model.parameters()), "every parameter is sharded")
+    train_steps(accelerator, model, optimizer)
+
+    accelerator, model, optimizer = fresh(auto_wrap_policy="size_based_wrap", min_num_params=1000)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    check(all(isinstance(b, FSDPModule) for b in model.blocks) and not isinstance(model.embed, FSDPModule),
+          "size_based_wrap makes units of the modules with >= min_num_params parameters")
+
+    accelerator, model, optimizer = fresh(auto_wrap_policy="transformer_based_wrap",
+                                          transformer_cls_names_to_wrap=["Decoder"])
+    raises(ValueError, ["Decoder", "Block", "TinyTransformer"], lambda: accelerator.prepare(model, optimizer))
+    print("ok: wrap policies", flush=True)
+
+
+def ignored_modules_and_checkpointing() -> None:
+    accelerator, model, optimizer = fresh(ignored_modules=r"head")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    check(not isinstance(model.head.weight, DTensor) and isinstance(model.embed.weight, DTensor),
+          "ignored_modules (a regex of names) keeps the head unsharded")
+    train_steps(accelerator, model, optimizer, 2)
+    accelerator, model, optimizer = fresh(ignored_modules=r"decoder\..*")
+    raises(ValueError, ["matches no submodule"], lambda: accelerator.prepare(model, optimizer))
+
+    accelerator, model, optimizer = fresh(auto_wrap_policy="transformer_based_wrap")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    plain = train_steps(accelerator, model, optimizer)
+    accelerator, model, optimizer = fresh(auto_wrap_policy="transformer_based_wrap", activation_checkpointing=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    names = [name for name, _ in model.named_modules()]
+    check(any("_checkpoint_wrapped_module" in name for name in names), "blocks wrapped for activation checkpointing")
+    checkpointed = train_steps(accelerator, model, optimizer)
+    check(all(abs(a - b) < 1e-6 for a, b in zip(plain, checkpointed)),
+          f"activation checkpointing changes no number: {plain} vs {checkpointed}")
+    state = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        check(all("_checkpoint_wrapped_module" not in key for key in state), f"clean names: {list(state)[:3]}")
+    print("ok: ignored modules and activation checkpointing", flush=True)
+
+
+def preparation_errors() -> None:
+    accelerator, model, optimizer = fresh()
+    raises(ValueError, ["together", "accelerator.prepare(model, optimizer)"], lambda: accelerator.prepare(optimizer))
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    raises(ValueError, ["before the first optimizer step"], lambda: accelerator.prepare(model, optimizer))
+    print("ok: preparation errors", flush=True)
+
+
+def fp16_and_state_dicts(work: Path) -> None:
+    accelerator, model, optimizer = fresh(mixed_precision="fp16")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    losses = train_steps(accelerator, model, optimizer)
+    check(all(torch.isfinite(torch.tensor(losses))), f"fp16 losses {losses}")
+    check(type(accelerator.scaler).__name__ == "ShardedGradScaler", f"scaler {type(accelerator.scaler)}")
+
+    state = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        check(all(type(value) is torch.Tensor and value.device.type == "cpu" for value in state.values()),
+              "get_state_dict: plain CPU tensors on the main process")
+        check(state["embed.weight"].shape == (16, 4), "full (unsharded) shapes")
+    else:
+        check(state == {}, "get_state_dict keeps no full copy on the other processes")
+    check(accelerator.unwrap_model(model) is model, "unwrap_model: the user's module, sharded in place")
+    accelerator.save_model(model, work / "saved_model")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        written = load_file(str(work / "saved_model" / "model.safetensors"))
+        check(written.keys() == state.keys() and all(torch.equal(written[k], state[k]) for k in state),
+              "save_model writes the full weights")
+    print("ok: fp16 with the sharded scaler, get_state_dict, save_model", flush=True)
+
+
+def main(work: Path) -> None:
+    wrapping_policies()
+    ignored_modules_and_checkpointing()
+    preparation_errors()
+    fp16_and_state_dicts(work)
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        print("FSDP CHECKS PASSED", flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

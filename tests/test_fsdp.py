@@ -1,0 +1,61 @@
+"""FSDP2 (strategies/fsdp.py): the multi-process checks run by tests/distributed/check_fsdp.py, and the choices
+that fail before any process group work. Training numbers and cross-strategy checkpoints are checked by the
+conformance suite (tests/test_strategy_conformance.py: fsdp2, fsdp2_config, hsdp)."""
+import pytest
+
+from hasten import Accelerator, FullyShardedDataParallelPlugin
+from hasten.utils.planned import NotYetSupportedError
+
+from helpers import run_launch
+
+
+def test_fsdp2_wrapping_ignored_modules_checkpointing_fp16_and_state_dicts_on_two_processes(tmp_path):
+    result = run_launch("check_fsdp.py", tmp_path, num_processes=2)
+    assert "FSDP CHECKS PASSED" in result.stdout, result.stdout
+
+
+def test_fsdp_version_must_be_1_or_2():
+    with pytest.raises(ValueError, match="fsdp_version"):
+        FullyShardedDataParallelPlugin(fsdp_version=3)
+
+
+def test_fsdp1_is_not_built_yet_and_says_what_to_use():
+    with pytest.raises(NotYetSupportedError, match=r"FSDP1.*fsdp_version=2"):
+        Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1))
+
+
+def test_fsdp_on_one_process_says_how_to_launch_several():
+    with pytest.raises(ValueError, match="hasten launch -n N"):
+        Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+
+
+def test_the_launchers_fsdp_switch_with_version_2_selects_fsdp(monkeypatch):
+    monkeypatch.setenv("HASTEN_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(ValueError, match="hasten launch -n N"):  # FSDP2 chosen: it needs several processes
+        Accelerator(cpu=True)
+
+
+def _config(tmp_path, fsdp_config: str):
+    config = tmp_path / "fsdp.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\n"
+                      "fsdp_config:\n" + fsdp_config)
+    script = tmp_path / "train.py"
+    script.write_text("from hasten import Accelerator\naccelerator = Accelerator()\nplugin = accelerator.strategy.plugin\n"
+                      "print('CHOSEN', type(accelerator.strategy).__name__, accelerator.distributed_type, "
+                      "plugin.fsdp_version, plugin.min_num_params, plugin.activation_checkpointing)\n")
+    return config, script
+
+
+def test_a_config_files_fsdp_config_reaches_the_plugin_and_flags_win(tmp_path):
+    config, script = _config(tmp_path, "  fsdp_version: 2\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n"
+                                       "  fsdp_min_num_params: 10\n")
+    result = run_launch(script, num_processes=None, launch_args=["--config_file", str(config),
+                                                                 "--fsdp_activation_checkpointing", "true"])
+    assert result.stdout.count("CHOSEN FSDPStrategy FSDP 2 10 True") == 2, result.stdout
+
+
+def test_an_unknown_fsdp_config_key_stops_the_launch(tmp_path):
+    config, script = _config(tmp_path, "  fsdp_version: 2\n  fsdp_wrap_everything: true\n")
+    result = run_launch(script, num_processes=None, launch_args=["--config_file", str(config)], check=False)
+    assert result.returncode != 0 and "fsdp_wrap_everything" in result.stderr and "CHOSEN" not in result.stdout
