@@ -167,7 +167,8 @@ class PerRankShardsIO(FullStateCheckpointIO):
     def __init__(self):
         self.read_extra = None
 
-    def write(self, strategy, staging, collected, *, writes_shared_files, process_index, safe_serialization=True):
+    def write(self, strategy, staging, collected, *, writes_shared_files, process_index, safe_serialization=True,
+              process_group=None):
         super().write(strategy, staging, collected, writes_shared_files=writes_shared_files,
                       process_index=process_index, safe_serialization=safe_serialization)
         (staging / "shards").mkdir(exist_ok=True)

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
+from hasten.checkpointing.sharded_files import model_weights_from_shards, optimizer_state_from_shards
 from hasten.utils import set_seed
 
 # name -> (processes, Accelerator arguments, the strategy class they must select). A new backend adds its line.
@@ -31,7 +32,10 @@ STRATEGIES = {
     "single": (1, {}, "SingleDeviceStrategy"),
     "ddp": (2, {}, "DDPStrategy"),
     "ddp_mesh": (2, {"parallelism_config": ParallelismConfig(dp_replicate_size=2)}, "DDPStrategy"),  # on the mesh
-    "fsdp2": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2)}, "FSDPStrategy"),
+    "fsdp2": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2)}, "FSDPStrategy"),  # sharded files
+    "fsdp2_full": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2,
+                                                                      state_dict_type="FULL_STATE_DICT")},
+                   "FSDPStrategy"),  # full files gathered to the main process
     "fsdp2_config": (2, {"parallelism_config": ParallelismConfig(dp_shard_size=2)}, "FSDPStrategy"),
     "hsdp": (4, {"parallelism_config": ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)}, "FSDPStrategy"),
 }
@@ -146,34 +150,47 @@ def main(strategy: str, work: Path, load_from: str | None) -> None:
         print(f"CONFORMANCE PASSED {strategy} (saved {saved})", flush=True)
 
 
+def saved_weights(folder: Path) -> dict:
+    """Model 0's full weights in a checkpoint: full files, or the shards a sharded strategy wrote."""
+    if (folder / "model.safetensors").is_file():
+        return load_file(str(folder / "model.safetensors"))
+    return model_weights_from_shards(folder / "pytorch_model_fsdp_0")
+
+
+def saved_optimizer(folder: Path, model, optimizer) -> dict:
+    """Optimizer 0's full state in a checkpoint, laid out as ``optimizer.state_dict()``."""
+    if (folder / "optimizer.bin").is_file():
+        return torch.load(folder / "optimizer.bin", weights_only=True)
+    return optimizer_state_from_shards(folder / "optimizer_0", model, optimizer)
+
+
 def check_loads(accelerator, folder: Path, strategy: str, other: str) -> None:
-    """Load another strategy's checkpoint into fresh objects, save it again under this strategy, and compare the
-    two checkpoints' weights, optimizer state and schedule (the files hold full states under every strategy)."""
+    """Load another strategy's checkpoint into fresh objects and compare, on the main process, the full weights,
+    optimizer state and schedule with those the checkpoint holds (full files or shards, whichever it has)."""
     accelerator.free_memory()  # forget the objects trained above: the fresh ones take their places
     model, optimizer, scheduler = fresh_objects()
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     # prepare a loader too: the checkpoint holds one loader's position
     accelerator.prepare(DataLoader(TensorDataset(*data()), batch_size=MICRO_BATCH))
     accelerator.load_state(folder)
-    again = Path(accelerator.save_state(folder.parent / f"{strategy}_from_{other}"))
-    accelerator.wait_for_everyone()
-    saved, resaved = load_file(str(folder / "model.safetensors")), load_file(str(again / "model.safetensors"))
-    check(saved.keys() == resaved.keys(), f"model keys {sorted(saved)} vs {sorted(resaved)}", accelerator)
-    for name, value in saved.items():
-        check(torch.equal(resaved[name], value), f"{name} not loaded from {other}'s checkpoint", accelerator)
-    before = torch.load(folder / "optimizer.bin", weights_only=True)
-    after = torch.load(again / "optimizer.bin", weights_only=True)
-    check(before["state"].keys() == after["state"].keys(), "optimizer state keys", accelerator)
-    for key, entry in before["state"].items():
-        for field, value in entry.items():
-            check(torch.equal(torch.as_tensor(after["state"][key][field]), torch.as_tensor(value)),
-                  f"optimizer state {key}/{field} not loaded from {other}'s checkpoint", accelerator)
-    check([{k: v for k, v in g.items() if k != "params"} for g in before["param_groups"]]
-          == [{k: v for k, v in g.items() if k != "params"} for g in after["param_groups"]],
-          "optimizer hyperparameters", accelerator)
-    check(torch.load(folder / "scheduler.bin", weights_only=True) == torch.load(again / "scheduler.bin",
-                                                                             weights_only=True),
-          "scheduler state", accelerator)
+    weights = accelerator.get_state_dict(model)
+    live_optimizer = accelerator.strategy.optimizer_state_dict(model, optimizer)  # full, on the main process
+    if accelerator.is_main_process:
+        saved = saved_weights(folder)
+        check(saved.keys() == weights.keys(), f"model keys {sorted(saved)} vs {sorted(weights)}", accelerator)
+        for name, value in saved.items():
+            check(torch.equal(weights[name].cpu(), value), f"{name} not loaded from {other}'s checkpoint", accelerator)
+        before = saved_optimizer(folder, accelerator.unwrap_model(model), optimizer)
+        check(before["state"].keys() == live_optimizer["state"].keys(), "optimizer state keys", accelerator)
+        for key, entry in before["state"].items():
+            for field, value in entry.items():
+                check(torch.equal(torch.as_tensor(live_optimizer["state"][key][field]).cpu(), torch.as_tensor(value)),
+                      f"optimizer state {key}/{field} not loaded from {other}'s checkpoint", accelerator)
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in before["param_groups"]]
+        check(hyper == [{k: v for k, v in g.items() if k != "params"} for g in live_optimizer["param_groups"]],
+              f"optimizer hyperparameters {hyper} vs {live_optimizer['param_groups']}", accelerator)
+    check(scheduler.state_dict() == torch.load(folder / "scheduler.bin", weights_only=True), "scheduler state",
+          accelerator)
     if accelerator.is_main_process:
         print(f"ok: {strategy} loaded {other}'s checkpoint", flush=True)
 

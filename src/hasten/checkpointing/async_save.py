@@ -96,9 +96,17 @@ def detached_copy(obj: Any, reuse: bool = False) -> Any:
             memo[key] = result
         return result
 
+    def copy_shard(tensor) -> Any:
+        """A DTensor: its local shard copied, wrapped again with the same mesh and placements."""
+        from torch.distributed.tensor import DTensor
+
+        local = copy_tensor(tensor.to_local())
+        return DTensor.from_local(local, tensor.device_mesh, tensor.placements, run_check=False,
+                                  shape=tensor.shape, stride=tensor.stride())
+
     def walk(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            return copy_tensor(value)
+            return copy_shard(value) if hasattr(value, "device_mesh") else copy_tensor(value)
         if isinstance(value, dict):
             copied = {key: walk(item) for key, item in value.items()}
             if type(value) is dict:

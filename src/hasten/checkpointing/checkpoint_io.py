@@ -32,7 +32,8 @@ class FullStateCheckpointIO:
         return take_snapshot(strategy, targets)
 
     def write(self, strategy, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
-              safe_serialization: bool = True) -> None:
+              safe_serialization: bool = True, process_group=None) -> None:
+        """``process_group``: the group a writer's collectives use (a background save's own); unused here."""
         write_full_state(staging, collected, writes_shared_files=writes_shared_files, process_index=process_index,
                          safe_serialization=safe_serialization)
 

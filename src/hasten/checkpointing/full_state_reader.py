@@ -22,6 +22,7 @@ from .errors import CheckpointError, CorruptCheckpointError, IncompleteCheckpoin
 from .model_files import prepare_loaded_state
 from .rng import capture_rng_states, restore_rng_states
 from .safe_load import load_pickle_file, load_safetensors_file
+from .sharded_files import is_sharded_folder, model_weights_from_shards, optimizer_state_from_shards
 from .targets import CheckpointTargets
 
 __all__ = ["LoadedState", "read_full_state", "apply_full_state", "model_path"]
@@ -36,14 +37,20 @@ def model_path(folder: Path, index: int) -> Path:
     pickled = folder / layout.model_file(index, False)
     if pickled.is_file():
         return pickled
+    sharded = folder / f"pytorch_model_fsdp_{index}"
+    if is_sharded_folder(sharded):  # written per rank by a sharded strategy: read whole here
+        return sharded
     raise IncompleteCheckpointError(
         f"Checkpoint {folder} has no weights for model {index}: neither {safe.name} nor {pickled.name} exists. "
         "Load a checkpoint saved with the same prepared models."
     )
 
 
-def _require(folder: Path, name: str, what: str) -> Path:
+def _require(folder: Path, name: str, what: str, sharded: Optional[str] = None) -> Path:
+    """``folder / name``, or the DCP folder ``sharded`` a sharded strategy wrote instead; else an error."""
     path = folder / name
+    if sharded is not None and not path.is_file() and is_sharded_folder(folder / sharded):
+        return folder / sharded
     if not path.is_file():
         raise IncompleteCheckpointError(
             f"Checkpoint {folder} is incomplete: {name} ({what}) is missing. Load a checkpoint saved with the same "
@@ -59,13 +66,17 @@ def _count(folder: Path, name_of) -> int:
     return count
 
 
+def _weights_only(load_kwargs: Optional[dict]) -> bool:
+    return bool((load_kwargs or {}).get("weights_only", True))
+
+
 class _Plan:
     """Every file this process will read, found (or reported missing) before anything is loaded."""
 
     def __init__(self, targets: CheckpointTargets, folder: Path, marker: Optional[dict], models: list):
         state = PartialState()
         self.models = [model_path(folder, index) for index in range(len(models))]
-        self.optimizers = [_require(folder, layout.optimizer_file(i), f"optimizer {i}")
+        self.optimizers = [_require(folder, layout.optimizer_file(i), f"optimizer {i}", f"optimizer_{i}")
                            for i in range(len(targets.optimizers))]
         self.schedulers = [_require(folder, layout.scheduler_file(i), f"scheduler {i}")
                            for i in range(len(targets.schedulers))]
@@ -179,8 +190,12 @@ def read_full_state(strategy, folder: Path, marker: Optional[dict], targets: Che
     loaded = LoadedState()
     for index, (model, path) in enumerate(zip(models, plan.models)):
         what = f"weights of model {index}"
-        state = (load_safetensors_file(path, what, device=device) if path.suffix == ".safetensors"
-                 else load_pickle_file(path, what, map_location=device, load_kwargs=load_kwargs))
+        if path.is_dir():
+            state = model_weights_from_shards(path, weights_only=_weights_only(load_kwargs))
+        elif path.suffix == ".safetensors":
+            state = load_safetensors_file(path, what, device=device)
+        else:
+            state = load_pickle_file(path, what, map_location=device, load_kwargs=load_kwargs)
         if not isinstance(state, dict):
             raise CorruptCheckpointError(f"{path.name} in {folder} does not hold model weights (found a "
                                          f"{type(state).__name__}). Load another checkpoint.")
@@ -188,7 +203,12 @@ def read_full_state(strategy, folder: Path, marker: Optional[dict], targets: Che
         _check_model(folder, path, strategy, model, state, strict)
         loaded.models.append((model, state))
     for index, (optimizer, path) in enumerate(zip(targets.optimizers, plan.optimizers)):
-        state = load_pickle_file(path, f"optimizer {index}", map_location=device, load_kwargs=load_kwargs)
+        if path.is_dir():
+            owner = targets.model_of(optimizer)
+            state = optimizer_state_from_shards(path, owner and strategy.unwrap(owner), optimizer,
+                                                weights_only=_weights_only(load_kwargs))
+        else:
+            state = load_pickle_file(path, f"optimizer {index}", map_location=device, load_kwargs=load_kwargs)
         _check_optimizer(path, optimizer, state)
         loaded.optimizers.append((optimizer, state))
     for index, (scheduler, path) in enumerate(zip(targets.schedulers, plan.schedulers)):

@@ -48,6 +48,7 @@ _CHECKPOINT_FILE = re.compile(
     r"(model|pytorch_model|optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.(safetensors|bin)"
     rf"|{re.escape(SCALER_NAME)}|{RNG_STATE_NAME}_\d+\.pkl|{CUSTOM_NAME}_\d+\.pkl|{LOADER_STATES_NAME}_\d+\.bin"
     rf"|{re.escape(MARKER_NAME)}"
+    r"|pytorch_model_fsdp_\d+|optimizer_\d+"  # sharded (DCP) folders of models and optimizers
 )
 
 

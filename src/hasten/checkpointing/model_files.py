@@ -114,3 +114,16 @@ def prepare_loaded_state(strategy, model: nn.Module, loaded: Mapping) -> dict:
     """A state dict read from a file, made ready for ``strategy.load_model_state_dict(model, ...)``."""
     expected = strategy.unwrap(model).state_dict(keep_vars=True)
     return fill_aliases(match_keys(loaded, expected.keys()), expected)
+
+
+def flatten_names(state, prefix: str = ""):
+    """``(name, tensor)`` for every tensor of a nested state, named as torch.distributed.checkpoint flattens it
+    (keys and list positions joined with dots)."""
+    if isinstance(state, torch.Tensor):
+        yield prefix, state
+    elif isinstance(state, dict):
+        for key, value in state.items():
+            yield from flatten_names(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(state, (list, tuple)):
+        for index, value in enumerate(state):
+            yield from flatten_names(value, f"{prefix}.{index}" if prefix else str(index))

@@ -90,7 +90,8 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, as
         if not async_save:
             run_hooks(staging)
         strategy.write_checkpoint(staging, snapshot, writes_shared_files=transaction.writes_shared_files,
-                                  process_index=state.process_index, safe_serialization=safe_serialization)
+                                  process_index=state.process_index, safe_serialization=safe_serialization,
+                                  process_group=group)  # None (the default group) unless writing in the background
 
     def write_explained(staging: Path) -> None:
         try:

@@ -31,12 +31,15 @@ def _loader_state(loader) -> Optional[Any]:
     return state_dict() if callable(state_dict) else None
 
 
-def take_snapshot(strategy, targets) -> Snapshot:
-    """Collective under sharded strategies (their state dicts gather): every process calls it."""
+def take_snapshot(strategy, targets, model_state=None, optimizer_state=None) -> Snapshot:
+    """Collective under sharded strategies (their state dicts gather): every process calls it.
+    ``model_state(model)`` / ``optimizer_state(model, optimizer)``: how to take those states (default: the
+    strategy's full state dicts)."""
+    model_state = model_state or (lambda model: state_dict_for_checkpoint(strategy, model))
+    optimizer_state = optimizer_state or strategy.optimizer_state_dict
     return Snapshot(
-        weights=[state_dict_for_checkpoint(strategy, model) for model in targets.models],
-        optimizers=[strategy.optimizer_state_dict(targets.model_of(optimizer), optimizer)
-                    for optimizer in targets.optimizers],
+        weights=[model_state(model) for model in targets.models],
+        optimizers=[optimizer_state(targets.model_of(optimizer), optimizer) for optimizer in targets.optimizers],
         schedulers=[scheduler.state_dict() for scheduler in targets.schedulers],
         scaler=targets.scaler.state_dict() if targets.scaler is not None else None,
         loaders=[_loader_state(loader) for loader in targets.dataloaders],

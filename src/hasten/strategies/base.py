@@ -183,10 +183,12 @@ class Strategy:
         return self.checkpoint_io.collect(self, targets)
 
     def write_checkpoint(self, staging_dir: Path, collected, *, writes_shared_files: bool, process_index: int,
-                         safe_serialization: bool = True) -> None:
-        """Write this process's files of ``collected`` into ``staging_dir``."""
+                         safe_serialization: bool = True, process_group=None) -> None:
+        """Write this process's files of ``collected`` into ``staging_dir``. ``process_group``: the group for a
+        writer's collectives (an asynchronous save writes from a background thread, on a group of its own)."""
         self.checkpoint_io.write(self, Path(staging_dir), collected, writes_shared_files=writes_shared_files,
-                                 process_index=process_index, safe_serialization=safe_serialization)
+                                 process_index=process_index, safe_serialization=safe_serialization,
+                                 process_group=process_group)
 
     def save_checkpoint(self, staging_dir: Path, targets, *, writes_shared_files: Optional[bool] = None,
                         safe_serialization: bool = True) -> None:

@@ -17,11 +17,11 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..checkpointing.optimizer_names import by_name, by_position, clean_name, is_local_state, parameter_names
 from ..config.enums import DistributedType
 from ..utils.planned import not_yet_supported
 from .base import Strategy
-from .fsdp_state_dicts import by_name, by_position, is_local_state, parameter_names
-from .fsdp_wrapping import apply_activation_checkpointing, clean_name, ignored_parameters, wrap_policy, wrap_units
+from .fsdp_wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
 
 __all__ = ["FSDPStrategy"]
 
@@ -44,6 +44,7 @@ class FSDPStrategy(Strategy):
                              "`hasten launch -n N train.py` (N >= 2), or remove the FSDP plugin to train on one "
                              "device.")
         super().__init__(state, kwargs_handlers, _sharded_layout(dims, state.num_processes))
+        self.checkpoint_io = _checkpoint_io(self.plugin)
 
     # ------------------------------------------------------------ precision and set-up
     def create_precision(self):
@@ -159,10 +160,28 @@ class FSDPStrategy(Strategy):
             return self.unwrap(model).state_dict()
         return get_model_state_dict(self.unwrap(model), options=self._options(cpu_offload=True))
 
-    def load_model_state_dict(self, model: nn.Module, state_dict: dict, strict: bool = True):
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    def sharded_model_state_dict(self, model: nn.Module) -> dict:
+        """This rank's shards of the model's state (DTensors), keyed by parameter name."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return set_model_state_dict(self.unwrap(model), state_dict, options=self._options(strict=strict))
+        return get_model_state_dict(self.unwrap(model), options=StateDictOptions(full_state_dict=False))
+
+    def sharded_optimizer_state_dict(self, model: Optional[nn.Module], optimizer) -> dict:
+        """This rank's shards of the optimizer's state, keyed by parameter name."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.unwrap(_required(model, optimizer)),
+                                        getattr(optimizer, "optimizer", optimizer),
+                                        options=StateDictOptions(full_state_dict=False))
+
+    def load_model_state_dict(self, model: nn.Module, state_dict: dict, strict: bool = True):
+        """A full state dict (plain tensors) or this rank's shards (DTensors, from a sharded checkpoint)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        sharded = any(isinstance(value, DTensor) for value in state_dict.values())
+        return set_model_state_dict(self.unwrap(model), state_dict,
+                                    options=StateDictOptions(full_state_dict=not sharded, strict=strict))
 
     def optimizer_state_dict(self, model: Optional[nn.Module], optimizer) -> dict:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -175,15 +194,31 @@ class FSDPStrategy(Strategy):
     def load_optimizer_state_dict(self, model: Optional[nn.Module], optimizer, state_dict: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
         inner = getattr(optimizer, "optimizer", optimizer)
-        if is_local_state(state_dict):  # this rank's own shards (putting back a failed load)
-            inner.load_state_dict(state_dict)
-            return
         module = self.unwrap(_required(model, optimizer))
+        if is_local_state(state_dict):
+            if all(isinstance(key, str) for key in state_dict["state"]):  # shards keyed by name (sharded checkpoint)
+                set_optimizer_state_dict(module, inner, state_dict, options=StateDictOptions(full_state_dict=False))
+            else:  # the optimizer's own state_dict() (putting back a failed load)
+                inner.load_state_dict(state_dict)
+            return
         set_optimizer_state_dict(module, inner, by_name(state_dict, parameter_names(module, inner)),
                                  options=self._options())
         for live, saved in zip(inner.param_groups, state_dict["param_groups"]):  # hyperparameters as saved
             live.update({key: value for key, value in saved.items() if key != "params"})  # (tuples stay tuples)
+
+
+def _checkpoint_io(plugin):
+    """Shards written per rank with DCP for ``SHARDED_STATE_DICT`` (FSDP2's default), full files otherwise."""
+    from torch.distributed.fsdp import StateDictType
+
+    from ..checkpointing.checkpoint_io import FullStateCheckpointIO
+    from ..checkpointing.sharded_io import ShardedCheckpointIO
+
+    return ShardedCheckpointIO() if plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT \
+        else FullStateCheckpointIO()
 
 
 def _sharded_layout(dims, world_size: int):

@@ -14,17 +14,9 @@ from typing import Callable, Optional
 
 from torch import nn
 
+from ..checkpointing.optimizer_names import clean_name
+
 __all__ = ["wrap_policy", "wrap_units", "ignored_parameters", "apply_activation_checkpointing", "clean_name"]
-
-_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
-
-
-def clean_name(name: str) -> str:
-    """A parameter's name without the wrappers' segments (activation checkpointing, compile, FSDP1)."""
-    for part in _WRAPPER_PARTS:
-        name = name.replace(part, "")
-    return name
-
 
 def _class_names(model: nn.Module) -> list[str]:
     return sorted({type(module).__name__ for module in model.modules()})

@@ -13,11 +13,12 @@ import pickle
 import re
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
 
-__all__ = ["SafeFileSystemReader", "SafeEmptyStateDictLoadPlanner", "UnsafeCheckpointError", "read_dcp_checkpoint"]
+__all__ = ["SafeFileSystemReader", "SafeEmptyStateDictLoadPlanner", "SafeLoadPlanner", "UnsafeCheckpointError",
+           "read_dcp_checkpoint"]
 
 _METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
 _NAMED = {
@@ -96,6 +97,27 @@ class SafeEmptyStateDictLoadPlanner(_EmptyStateDictLoadPlanner):
             what = f"an object of {named.group(1)}" if named else "Python objects beyond plain values"
             raise _refuse(f"Checkpoint entry {read_item.dest_index.fqn!r} holds {what}", self._unsafe_hint) from None
         if self.flatten_state_dict:  # what the parent planner does with the value, without its torch.load
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """torch's ``DefaultLoadPlanner`` (loading into an existing state dict, resharding to this run's layout) whose
+    non-tensor entries load with ``weights_only=True``."""
+
+    def __init__(self, *args, unsafe_hint: str = "weights_only=False", **kwargs):
+        super().__init__(*args, **kwargs)
+        self._unsafe_hint = unsafe_hint
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as error:
+            named = re.search(r"GLOBAL ([\w.]+)", str(error))
+            what = f"an object of {named.group(1)}" if named else "Python objects beyond plain values"
+            raise _refuse(f"Checkpoint entry {read_item.dest_index.fqn!r} holds {what}", self._unsafe_hint) from None
+        if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded

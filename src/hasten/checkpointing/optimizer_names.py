@@ -1,17 +1,24 @@
-"""Full (unsharded) model and optimizer state dicts of FSDP-sharded models, in the layout every strategy writes.
+"""Optimizer states keyed by parameter name and by position, and the conversion between the two.
 
-torch's ``get_optimizer_state_dict`` keys an optimizer's state by parameter name; ``optimizer.state_dict()``, which
-the other strategies (and the reference library) write, keys it by position. A full FSDP optimizer state is
-converted to positions when saved and back to names when loaded, so a checkpoint saved under FSDP loads under
-DDP or on one process, and the reverse.
+``optimizer.state_dict()``, which unsharded strategies (and the reference library) write, keys an optimizer's state
+by position; torch's ``get_optimizer_state_dict`` (sharded backends, DCP checkpoints) keys it by parameter name. A
+state is converted with the names of the parameters in the optimizer's own order, so a checkpoint saved under one
+strategy loads under another.
 """
 from __future__ import annotations
 
 from torch import nn
 
-from .fsdp_wrapping import clean_name
+__all__ = ["clean_name", "parameter_names", "by_position", "by_name", "is_local_state"]
 
-__all__ = ["parameter_names", "by_position", "by_name", "is_local_state"]
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def clean_name(name: str) -> str:
+    """A parameter's name without the wrappers' segments (activation checkpointing, compile, FSDP1)."""
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
 
 
 def parameter_names(model: nn.Module, optimizer) -> list[list[str]]:

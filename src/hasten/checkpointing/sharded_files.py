@@ -1,0 +1,58 @@
+"""Reading a sharded (DCP) checkpoint's model and optimizer folders in one process, as full states.
+
+An unsharded run (one process, DDP) loads a checkpoint an FSDP run wrote with ``SHARDED_STATE_DICT`` through
+these, and ``hasten merge-weights`` turns one into a safetensors model with them. Nothing beyond DCP metadata,
+tensors and plain values is unpickled unless the caller trusts the files (``weights_only=False``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from ..utils.safe_dcp import read_dcp_checkpoint
+from .errors import CheckpointError, CorruptCheckpointError
+from .optimizer_names import by_position, parameter_names
+from .safe_load import UNSAFE_OPT_IN
+
+__all__ = ["is_sharded_folder", "model_weights_from_shards", "optimizer_state_from_shards"]
+
+
+def is_sharded_folder(path: Path) -> bool:
+    """Whether ``path`` is a DCP checkpoint folder (it has the ``.metadata`` file every DCP save writes)."""
+    return (Path(path) / ".metadata").is_file()
+
+
+def _entry(path: Path, key: str, weights_only: bool) -> dict:
+    state = read_dcp_checkpoint(path, weights_only=weights_only, unsafe_hint=UNSAFE_OPT_IN)
+    if not isinstance(state.get(key), dict):
+        raise CorruptCheckpointError(f"{path} is a sharded checkpoint without a {key!r} entry (it holds "
+                                     f"{sorted(state)}). Load another checkpoint.")
+    return state[key]
+
+
+def model_weights_from_shards(path: Path, weights_only: bool = True) -> dict:
+    """The full state dict of the model saved in the DCP folder ``path`` (``{"model": ...}``), on the CPU."""
+    return _entry(Path(path), "model", weights_only)
+
+
+def optimizer_state_from_shards(path: Path, model: nn.Module, optimizer, weights_only: bool = True) -> dict:
+    """The full state of the optimizer saved in the DCP folder ``path``, laid out as ``optimizer.state_dict()``
+    (by position) for ``optimizer``, which trains ``model``."""
+    if model is None:
+        raise CheckpointError(f"{path} keys the optimizer's state by parameter name, and the prepared "
+                              f"{type(optimizer).__name__} trains no prepared model: prepare its model too.")
+    named = _entry(Path(path), "optimizer", weights_only)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    names = parameter_names(model, inner)
+    missing = [name for group in names for name in group if name not in named.get("state", {})]
+    if named.get("state") and missing:
+        raise CorruptCheckpointError(f"{path} holds no optimizer state for {missing[:4]}: it was saved for another "
+                                     "model. Nothing was loaded.")
+    return by_position(named, names, [{k: _as_saved(v) for k, v in group.items()}
+                                      for group in named.get("param_groups", [])])
+
+
+def _as_saved(value):
+    """DCP stores tuples (Adam's betas) as lists; the optimizer's own state dict has tuples."""
+    return tuple(value) if isinstance(value, list) and all(isinstance(v, (int, float)) for v in value) else value

@@ -1,0 +1,148 @@
+"""Sharded checkpoint IO: every rank writes its own shards of the models and optimizers with
+``torch.distributed.checkpoint`` (DCP), in the reference library's layout, inside the same staging folder.
+
+=============================  ===================================================================
+``pytorch_model_fsdp_{i}/``    model ``i``: ``{"model": state dict}``, one ``__{rank}_0.distcp`` per rank + ``.metadata``
+``optimizer_{i}/``             optimizer ``i``: ``{"optimizer": state dict keyed by parameter name}``
+=============================  ===================================================================
+
+Everything else (schedulers, scaler, registered objects, random states, loader positions) is written and read
+by the full-state IO. Loading reshards: the shards are read into this run's layout, whatever the number of
+processes that saved them. A folder with full files instead (``model.safetensors``: saved by another strategy)
+is read as such, so checkpoints move both ways between sharded and unsharded runs.
+
+The model's and optimizer's sharded state dicts are read into fresh copies and applied only after every process
+has read and checked everything (names and shapes against the checkpoint's metadata), like the full-state IO.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..utils.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+from .errors import CheckpointError, IncompleteCheckpointError
+from .full_state_reader import apply_full_state, read_full_state
+from .full_state_writer import write_full_state
+from .safe_load import UNSAFE_OPT_IN
+from .snapshot import take_snapshot
+from .targets import CheckpointTargets
+
+__all__ = ["ShardedCheckpointIO", "sharded_model_folder", "sharded_optimizer_folder"]
+
+
+def sharded_model_folder(index: int) -> str:
+    return f"pytorch_model_fsdp_{index}"
+
+
+def sharded_optimizer_folder(index: int) -> str:
+    return f"optimizer_{index}"
+
+
+def _empty_like(state):
+    """A structure like ``state`` with fresh (uninitialised) tensors for DCP to load into."""
+    if isinstance(state, torch.Tensor):
+        return torch.empty_like(state)
+    if isinstance(state, dict):
+        return {key: _empty_like(value) for key, value in state.items()}
+    if isinstance(state, list):
+        return [_empty_like(value) for value in state]
+    return state
+
+
+def _saved_shapes(folder: Path) -> dict:
+    """``{name: global shape}`` of every tensor a DCP checkpoint folder holds (read from its metadata)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = SafeFileSystemReader(str(folder), unsafe_hint=UNSAFE_OPT_IN).read_metadata()
+    return {name: tuple(item.size) for name, item in metadata.state_dict_metadata.items()
+            if isinstance(item, TensorStorageMetadata)}
+
+
+def _check_against(folder: Path, template: dict, prefix: str, strict: bool) -> None:
+    """Every tensor of ``template`` must be in the checkpoint with the same global shape (clear error first)."""
+    from .model_files import flatten_names
+
+    saved = _saved_shapes(folder)
+    for name, tensor in flatten_names(template, prefix):
+        if name not in saved:
+            if strict or prefix != "model":
+                raise CheckpointError(
+                    f"{folder} has no {name!r}: it was saved from another model. Nothing was loaded. Load a "
+                    "checkpoint of the same model (or pass strict=False to skip missing weights).")
+            continue
+        if saved[name] != tuple(tensor.shape):
+            raise CheckpointError(
+                f"{folder}: {name!r} has shape {saved[name]} in the checkpoint and {tuple(tensor.shape)} in the "
+                "prepared model. Nothing was loaded. Load a checkpoint of the same model.")
+
+
+class ShardedCheckpointIO:
+    """Checkpoint IO for sharded strategies (FSDP ``SHARDED_STATE_DICT``): DCP folders per model and optimizer."""
+
+    # ------------------------------------------------------------ saving
+    def collect(self, strategy, targets: CheckpointTargets):
+        """Every state, the models' and optimizers' as this rank's shards (no gathering)."""
+        return take_snapshot(strategy, targets, model_state=strategy.sharded_model_state_dict,
+                             optimizer_state=strategy.sharded_optimizer_state_dict)
+
+    def write(self, strategy, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
+              safe_serialization: bool = True, process_group=None) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        for index, state in enumerate(collected.weights):
+            dcp.save({"model": state}, checkpoint_id=str(staging / sharded_model_folder(index)),
+                     process_group=process_group)
+        for index, state in enumerate(collected.optimizers):
+            dcp.save({"optimizer": state}, checkpoint_id=str(staging / sharded_optimizer_folder(index)),
+                     process_group=process_group)
+        rest = dataclasses.replace(collected, weights=[], optimizers=[])
+        write_full_state(staging, rest, writes_shared_files=writes_shared_files, process_index=process_index,
+                         safe_serialization=safe_serialization)
+
+    # ------------------------------------------------------------ loading
+    def read(self, strategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets, *,
+             load_kwargs: Optional[dict] = None, device="cpu", strict: bool = True):
+        if not (folder / sharded_model_folder(0)).is_dir() and targets.models:
+            return read_full_state(strategy, folder, marker, targets, load_kwargs, device, strict)  # full files
+        for hook in list(targets.load_hooks):
+            hook(list(targets.models), str(folder))
+        rest = dataclasses.replace(targets, models=[], optimizers=[], load_hooks=[])
+        loaded = read_full_state(strategy, folder, marker, rest, load_kwargs, device, strict)
+        for index, model in enumerate(targets.models):
+            path = self._require(folder, sharded_model_folder(index), f"model {index}")
+            template = _empty_like(strategy.sharded_model_state_dict(model))
+            _check_against(path, template, "model", strict)
+            state = {"model": template}
+            _load(state, path, allow_partial=not strict)
+            loaded.models.append((model, state["model"]))
+        for index, optimizer in enumerate(targets.optimizers):
+            path = self._require(folder, sharded_optimizer_folder(index), f"optimizer {index}")
+            template = _empty_like(strategy.sharded_optimizer_state_dict(targets.model_of(optimizer), optimizer))
+            _check_against(path, template, "optimizer", True)
+            state = {"optimizer": template}
+            _load(state, path, allow_partial=False)
+            loaded.optimizers.append((optimizer, state["optimizer"]))
+        return loaded
+
+    @staticmethod
+    def _require(folder: Path, name: str, what: str) -> Path:
+        path = folder / name
+        if not (path / ".metadata").is_file():
+            raise IncompleteCheckpointError(
+                f"Checkpoint {folder} has no sharded state for {what} ({name}/.metadata is missing). Load a checkpoint "
+                "saved with the same prepared objects.")
+        return path
+
+    def apply(self, strategy, loaded, targets: CheckpointTargets, strict: bool = True) -> None:
+        apply_full_state(strategy, loaded, targets, strict)
+
+
+def _load(state: dict, path: Path, allow_partial: bool) -> None:
+    """Read the shards of ``path`` into ``state`` (resharded to this run), unpickling nothing but plain values."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(state, storage_reader=SafeFileSystemReader(str(path), unsafe_hint=UNSAFE_OPT_IN),
+             planner=SafeLoadPlanner(allow_partial_load=allow_partial, unsafe_hint=UNSAFE_OPT_IN))
