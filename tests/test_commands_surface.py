@@ -293,9 +293,11 @@ def test_keys_bind_to_methods():
 
 
 # ------------------------------------------------------------------------------------------ merge, to-fsdp2, tpu
-def test_merge_and_tpu_config_are_planned(capsys):
-    assert cli.main(["merge-weights", "ckpt", "out"]) == 2
-    assert "Merging sharded FSDP checkpoints (merge-weights) is not yet supported" in capsys.readouterr().err
+def test_merge_weights_refuses_what_is_not_a_sharded_checkpoint_and_tpu_config_is_planned(tmp_path, capsys):
+    assert cli.main(["merge-weights", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    assert cli.main(["merge-weights", str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "not a sharded (DCP) checkpoint" in capsys.readouterr().err
     assert cli.main(["tpu-config", "--debug"]) == 2
     assert "not yet supported" in capsys.readouterr().err
 

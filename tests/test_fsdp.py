@@ -1,17 +1,29 @@
 """FSDP2 (strategies/fsdp.py): the multi-process checks run by tests/distributed/check_fsdp.py, and the choices
 that fail before any process group work. Training numbers and cross-strategy checkpoints are checked by the
 conformance suite (tests/test_strategy_conformance.py: fsdp2, fsdp2_config, hsdp)."""
+import subprocess
+import sys
+
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from hasten import Accelerator, FullyShardedDataParallelPlugin
 from hasten.utils.planned import NotYetSupportedError
 
-from helpers import run_launch
+from helpers import clean_env, run_launch
 
 
-def test_fsdp2_wrapping_ignored_modules_checkpointing_fp16_and_state_dicts_on_two_processes(tmp_path):
+def test_fsdp2_wrapping_checkpointing_fp16_state_dicts_and_sharded_checkpoints_on_two_processes(tmp_path):
     result = run_launch("check_fsdp.py", tmp_path, num_processes=2)
     assert "FSDP CHECKS PASSED" in result.stdout, result.stdout
+    # merge-weights: one process, no process group, the sharded checkpoint's model as one safetensors file
+    merged = subprocess.run([sys.executable, "-m", "hasten", "merge-weights", str(tmp_path / "sharded"),
+                             str(tmp_path / "merged")], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    expected = load_file(str(tmp_path / "full_weights" / "model.safetensors"))
+    written = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    assert written.keys() == expected.keys() and all(torch.equal(written[k], expected[k]) for k in expected)
 
 
 def test_fsdp_version_must_be_1_or_2():

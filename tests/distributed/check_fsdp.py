@@ -158,11 +158,42 @@ def fp16_and_state_dicts(work: Path) -> None:
     print("ok: fp16 with the sharded scaler, get_state_dict, save_model", flush=True)
 
 
+def sharded_checkpoints(work: Path) -> None:
+    """SHARDED_STATE_DICT (FSDP2's default): per-rank DCP files, async save, a refused load of another model."""
+    from hasten.checkpointing import CheckpointError
+
+    accelerator, model, optimizer = fresh(auto_wrap_policy="transformer_based_wrap")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    train_steps(accelerator, model, optimizer)
+    folder = Path(accelerator.save_state(work / "sharded"))
+    check((folder / "pytorch_model_fsdp_0" / "__1_0.distcp").is_file(), "rank 1 wrote its own shard file")
+    accelerator.save_model(model, work / "full_weights")  # what merge-weights must reproduce (test_fsdp.py)
+
+    at_save = accelerator.get_state_dict(model)
+    accelerator.save_state(work / "async", async_save=True)
+    train_steps(accelerator, model, optimizer, 2)  # training goes on while the shards are written
+    accelerator.wait_for_checkpoint()
+    accelerator.load_state(work / "async")
+    after_load = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        check(all(torch.equal(at_save[k], after_load[k]) for k in at_save),
+              "an asynchronous sharded save holds the weights of the moment it was called")
+
+    other = nn.Sequential(nn.Linear(4, 3))
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    other_optimizer = torch.optim.AdamW(other.parameters(), lr=0.01)
+    other, other_optimizer = accelerator.prepare(other, other_optimizer)
+    raises(CheckpointError, ["0.weight", "Nothing was loaded"], lambda: accelerator.load_state(folder))
+    print(f"ok: sharded checkpoints, async, refused model ({folder})", flush=True)
+
+
 def main(work: Path) -> None:
     wrapping_policies()
     ignored_modules_and_checkpointing()
     preparation_errors()
     fp16_and_state_dicts(work)
+    sharded_checkpoints(work)
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         print("FSDP CHECKS PASSED", flush=True)

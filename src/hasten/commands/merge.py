@@ -1,13 +1,14 @@
-"""``hasten merge-weights``: merge a sharded FSDP checkpoint into one weights file (planned, with FSDP).
+"""``hasten merge-weights CHECKPOINT OUT``: merge a sharded FSDP checkpoint into one weights file, in one process
+and without a process group (``OUT/model.safetensors``, or ``pytorch_model.bin`` with ``--unsafe_serialization``).
 
-The command parses Accelerate's arguments and, when run, raises ``NotYetSupportedError``.
+CHECKPOINT is a folder ``save_state`` wrote under FSDP's ``SHARDED_STATE_DICT`` (its ``pytorch_model_fsdp_0``
+is merged) or such a DCP folder itself. Nothing in it is unpickled beyond metadata, tensors and plain values.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ..utils.planned import not_yet_supported
 from .flags import add_flag
 from .utils import command_parser
 
@@ -21,7 +22,7 @@ description = ("Utility to merge the weights from multiple FSDP checkpoints into
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``hasten merge-weights``."""
-    parser = subparsers.add_parser("merge-weights", help="merge a sharded FSDP checkpoint (not yet supported)",
+    parser = subparsers.add_parser("merge-weights", help="merge a sharded FSDP checkpoint into one weights file",
                                    description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint_directory", help="a folder of sharded weights saved by FSDP")
     parser.add_argument("output_path", help="where to save the merged weights")
@@ -38,9 +39,23 @@ def merge_command_parser(subparsers=None) -> argparse.ArgumentParser:
 
 
 def merge_command(args):
-    """Raises ``NotYetSupportedError``: FSDP checkpoints come with the FSDP backend."""
-    raise not_yet_supported("Merging sharded FSDP checkpoints (merge-weights)",
-                            "save full weights with Accelerator.save_model")
+    """Merge ``args.checkpoint_directory`` (a checkpoint folder or its ``pytorch_model_fsdp_0``) into
+    ``args.output_path``."""
+    from pathlib import Path
+
+    from ..utils.fsdp_utils import merge_fsdp_weights
+    from .errors import CommandError
+
+    folder = Path(args.checkpoint_directory)
+    if not folder.is_dir():
+        raise CommandError(f"{folder} is not a folder: give the checkpoint folder save_state wrote under FSDP.")
+    if not (folder / ".metadata").is_file() and (folder / "pytorch_model_fsdp_0" / ".metadata").is_file():
+        folder = folder / "pytorch_model_fsdp_0"  # a whole checkpoint: its first model
+    try:
+        merge_fsdp_weights(str(folder), args.output_path, safe_serialization=not args.unsafe_serialization,
+                           remove_checkpoint_dir=args.remove_checkpoint_dir)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
 
 
 run = merge_command
