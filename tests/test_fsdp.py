@@ -71,3 +71,12 @@ def test_an_unknown_fsdp_config_key_stops_the_launch(tmp_path):
     config, script = _config(tmp_path, "  fsdp_version: 2\n  fsdp_wrap_everything: true\n")
     result = run_launch(script, num_processes=None, launch_args=["--config_file", str(config)], check=False)
     assert result.returncode != 0 and "fsdp_wrap_everything" in result.stderr and "CHOSEN" not in result.stdout
+
+
+def test_fsdp1_options_with_fsdp2_are_refused_naming_both():
+    with pytest.raises(ValueError, match=r"sharding_strategy.*fsdp_version=2.*reshard_after_forward"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, sharding_strategy="FULL_SHARD")
+    with pytest.raises(ValueError, match="forward_prefetch"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, forward_prefetch=True)
+    with pytest.raises(ValueError, match="LOCAL_STATE_DICT"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="LOCAL_STATE_DICT")

@@ -36,10 +36,17 @@ STRATEGIES = {
     "fsdp2_full": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2,
                                                                       state_dict_type="FULL_STATE_DICT")},
                    "FSDPStrategy"),  # full files gathered to the main process
+    "fsdp2_bf16": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy="bf16")},
+                   "FSDPStrategy"),  # bf16 compute and reductions, fp32 master weights: BF16_TOLERANCE
     "fsdp2_config": (2, {"parallelism_config": ParallelismConfig(dp_shard_size=2)}, "FSDPStrategy"),
     "hsdp": (4, {"parallelism_config": ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)}, "FSDPStrategy"),
 }
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32 on CPU; only the reduction order differs between strategies
+# bf16 compute and gradient reduction (8 bits of mantissa), 6 AdamW steps: losses within 2% of fp32 PyTorch's;
+# weights within lr x steps / 2, because AdamW moves a coordinate whose gradient is near zero by up to lr per
+# step whichever way rounding tips its sign.
+BF16_LOSSES, BF16_WEIGHTS = dict(rtol=2e-2, atol=2e-3), dict(rtol=0.0, atol=0.02 * 6 / 2)
+TOLERANCES = {"fsdp2_bf16": (BF16_LOSSES, BF16_WEIGHTS)}
 SAMPLES, MICRO_BATCH, ACCUMULATION, MAX_NORM = 96, 4, 2, 0.5
 
 
@@ -84,8 +91,8 @@ def check(condition: bool, what: str, accelerator) -> None:
         raise AssertionError(f"[process {accelerator.process_index}] {what}")
 
 
-def close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.allclose(a, b, **TOLERANCE)
+def close(a: torch.Tensor, b: torch.Tensor, tolerance: dict = TOLERANCE) -> bool:
+    return torch.allclose(a, b, **tolerance)
 
 
 def train(accelerator, model, optimizer, scheduler, loader):
@@ -126,13 +133,16 @@ def main(strategy: str, work: Path, load_from: str | None) -> None:
     reference, reference_losses = reference_run(dp_size)
     check(len(losses) == len(reference_losses), f"{len(losses)} optimizer steps, reference {len(reference_losses)}",
           accelerator)
-    check(all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6) for a, b in zip(losses, reference_losses)),
+    tolerance, weight_tolerance = TOLERANCES.get(strategy, (TOLERANCE, TOLERANCE))
+    check(all(math.isclose(a, b, rel_tol=tolerance["rtol"], abs_tol=tolerance["atol"])
+              for a, b in zip(losses, reference_losses)),
           f"losses {losses} differ from single-process PyTorch's {reference_losses}", accelerator)
     trained = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         for name, value in reference.state_dict().items():
-            check(close(trained[name].cpu(), value), f"parameter {name} differs from single-process PyTorch's",
-                  accelerator)
+            check(close(trained[name].cpu(), value, weight_tolerance),
+                  f"parameter {name} differs from single-process PyTorch's by "
+                  f"{(trained[name].cpu() - value).abs().max().item():.2e}", accelerator)
     print(f"ok: {strategy} matches single-process PyTorch ({len(losses)} steps)", flush=True)
 
     # evaluation: every sample exactly once, in order

@@ -134,6 +134,11 @@ class FullyShardedDataParallelPlugin:
             parse = (as_bool("FullyShardedDataParallelPlugin.reshard_after_forward") if v2
                      else strategy("reshard_after_forward"))
             self.reshard_after_forward = parse(self.reshard_after_forward)
+        if v2 and self.sharding_strategy is not None and self.reshard_after_forward is None:
+            raise ValueError(
+                f"sharding_strategy={self.sharding_strategy!r} is FSDP1's option and fsdp_version=2 was asked for: "
+                "give reshard_after_forward instead (True shards parameters again after forward, like FULL_SHARD; "
+                "False keeps them gathered until backward, like SHARD_GRAD_OP), or use fsdp_version=1.")
         if v2 and not isinstance(self.reshard_after_forward, bool):
             raise ValueError(f"reshard_after_forward={self.reshard_after_forward!r} is not supported with FSDP2: "
                              "set it to True or False.")
