@@ -188,12 +188,41 @@ def sharded_checkpoints(work: Path) -> None:
     print(f"ok: sharded checkpoints, async, refused model ({folder})", flush=True)
 
 
+def ram_efficient_loading() -> None:
+    """cpu_ram_efficient_loading: only the main process holds real weights (the other builds on meta)."""
+    from hasten import init_empty_weights
+
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(
+        fsdp_version=2, cpu_ram_efficient_loading=True, auto_wrap_policy="transformer_based_wrap"))
+    set_seed(0)
+    if accelerator.is_main_process:
+        model = TinyTransformer()
+        model.register_buffer("scale", torch.full((3,), 2.0), persistent=False)
+        original = {k: v.clone() for k, v in model.state_dict().items()}
+    else:
+        with init_empty_weights(include_buffers=True):
+            model = TinyTransformer()
+            model.register_buffer("scale", torch.zeros(3), persistent=False)
+        original = None
+    check(accelerator.is_main_process or model.embed.weight.device.type == "meta", "non-main processes on meta")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    check(torch.equal(model.scale, torch.full((3,), 2.0)), f"non-persistent buffers broadcast: {model.scale}")
+    state = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        check(all(torch.equal(state[k], original[k]) for k in original), "every rank got the main process's weights")
+    train_steps(accelerator, model, optimizer, 2)
+    print("ok: cpu_ram_efficient_loading", flush=True)
+
+
 def main(work: Path) -> None:
     wrapping_policies()
     ignored_modules_and_checkpointing()
     preparation_errors()
     fp16_and_state_dicts(work)
     sharded_checkpoints(work)
+    ram_efficient_loading()
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         print("FSDP CHECKS PASSED", flush=True)

@@ -83,7 +83,13 @@ class FSDPStrategy(Strategy):
         originals = {}  # id(original parameter) -> its name, to re-point the optimizers afterwards
         prepared = []
         for model, place in zip(models, device_placement):
-            if place:
+            on_meta = any(p.device.type == "meta" for p in model.parameters())
+            if on_meta and not (self.plugin.cpu_ram_efficient_loading and not self.state.is_main_process):
+                raise ValueError(
+                    "The model given to prepare() has parameters on the meta device (no weights). With FSDP only the "
+                    "non-main processes may build it so, with cpu_ram_efficient_loading=True (FSDP_CPU_RAM_EFFICIENT_"
+                    "LOADING=true): the main process's weights are then sent to them.")
+            if place and not on_meta:
                 model = model.to(self.state.device)
             originals.update({id(p): clean_name(n) for n, p in model.named_parameters()})
             model = self._shard(self.precision.wrap_forward(model))
@@ -108,9 +114,16 @@ class FSDPStrategy(Strategy):
         if self.plugin.activation_checkpointing:
             apply_activation_checkpointing(model, units, offload=self.plugin.activation_checkpointing_offload)
             units = [_checkpointed(model, unit) for unit in units]
+        full = None
+        if self.plugin.cpu_ram_efficient_loading:  # the main process's weights are the ones; others hold none
+            full = model.state_dict() if self.state.is_main_process else {}
+            if not self.state.is_main_process:
+                model.to("meta")
         for unit in units:
             fully_shard(unit, **options)
         fully_shard(model, **options)
+        if full is not None:
+            _broadcast_weights(model, full, self.state.device)
         return model
 
     # ------------------------------------------------------------ the training step
@@ -228,6 +241,22 @@ def _sharded_layout(dims, world_size: int):
     if dims is None or (dims.dp_shard == 1 and not dims.model_parallel):
         return ParallelDims(dp_shard=world_size, world_size=world_size)
     return dims
+
+
+def _broadcast_weights(model: nn.Module, full: dict, device: torch.device) -> None:
+    """``cpu_ram_efficient_loading``: give every rank its shards of the main process's ``full`` state dict (the
+    others allocate only their shards, from meta), and the main process's non-persistent buffers."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if any(p.device.type == "meta" for p in model.parameters()) or \
+            any(b.device.type == "meta" for b in model.buffers()):
+        model.to_empty(device=device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    persistent = set(model.state_dict().keys())
+    for name, buffer in model.named_buffers():
+        if clean_name(name) not in persistent:
+            dist.broadcast(buffer, src=0)
 
 
 def _checkpointed(model: nn.Module, unit: nn.Module) -> nn.Module:
