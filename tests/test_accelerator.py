@@ -112,7 +112,7 @@ def test_scheduler_needs_its_optimizer_prepared():
     ({"gradient_accumulation_steps": -3}, ValueError, "gradient_accumulation_steps"),
     ({"gradient_accumulation_steps": 2, "gradient_accumulation_plugin": GradientAccumulationPlugin(num_steps=2)},
      ValueError, "not both"),
-    ({"fsdp_plugin": object()}, NotImplementedError, "FSDP"),
+    ({"fsdp_plugin": object()}, TypeError, "fsdp_plugin must be a FullyShardedDataParallelPlugin"),
     ({"deepspeed_plugin": object()}, NotImplementedError, "DeepSpeed"),
     ({"megatron_lm_plugin": object()}, NotImplementedError, "Megatron"),
     ({"log_with": "tensorboard"}, NotImplementedError, "tracking"),

@@ -36,6 +36,8 @@ class FSDPStrategy(Strategy):
         from ..config.fsdp import FullyShardedDataParallelPlugin
 
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin(fsdp_version=2)
+        if not isinstance(self.plugin, FullyShardedDataParallelPlugin):
+            raise TypeError(f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(self.plugin).__name__}.")
         if self.plugin.fsdp_version != 2:
             raise not_yet_supported("FSDP1 (fsdp_version=1)",
                                     "use FullyShardedDataParallelPlugin(fsdp_version=2) (FSDP_VERSION=2)")
