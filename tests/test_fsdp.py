@@ -9,7 +9,6 @@ import torch
 from safetensors.torch import load_file
 
 from hasten import Accelerator, FullyShardedDataParallelPlugin
-from hasten.utils.planned import NotYetSupportedError
 
 from helpers import clean_env, run_launch
 
@@ -31,8 +30,13 @@ def test_fsdp_version_must_be_1_or_2():
         FullyShardedDataParallelPlugin(fsdp_version=3)
 
 
-def test_fsdp1_is_not_built_yet_and_says_what_to_use():
-    with pytest.raises(NotYetSupportedError, match=r"FSDP1.*fsdp_version=2"):
+def test_fsdp1_cpu_offload_on_the_cpu_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match=r"cpu_offload.*pins the shards for a GPU"):
+        Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1, cpu_offload=True))
+
+
+def test_fsdp1_on_one_process_says_how_to_launch_several():
+    with pytest.raises(ValueError, match="hasten launch -n N"):
         Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1))
 
 

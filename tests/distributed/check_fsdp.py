@@ -1,4 +1,5 @@
-"""FSDP2 on 2 CPU processes: the plugin's wrapping options, bad input, fp16, and the state-dict helpers.
+"""FSDP on 2 CPU processes: the plugin's wrapping options, bad input, fp16, state dicts, sharded checkpoints,
+cpu_ram_efficient_loading (FSDP2) and FSDP1's wrapper.
 
 Run by tests/test_fsdp.py under ``hasten launch -n 2``. Each check builds a fresh Accelerator (the shared state is
 reset between them). Prints FSDP CHECKS PASSED.
@@ -50,8 +51,9 @@ def check(condition: bool, what: str) -> None:
 def fresh(**plugin_options):
     AcceleratorState._reset_state()
     mixed_precision = plugin_options.pop("mixed_precision", None)
+    plugin_options.setdefault("fsdp_version", 2)
     accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision,
-                              fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, **plugin_options))
+                              fsdp_plugin=FullyShardedDataParallelPlugin(**plugin_options))
     set_seed(0)
     model = TinyTransformer()
     return accelerator, model, torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -216,6 +218,38 @@ def ram_efficient_loading() -> None:
     print("ok: cpu_ram_efficient_loading", flush=True)
 
 
+def fsdp1() -> None:
+    """fsdp_version=1: FullyShardedDataParallel units, parameter groups, activation checkpointing, ignored modules."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    accelerator, model, optimizer = fresh(fsdp_version=1, auto_wrap_policy="transformer_based_wrap",
+                                          activation_checkpointing=True, ignored_modules="head")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    units = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
+    check(len(units) == 3, f"FSDP1 wraps the root and each Block: {len(units)} units")
+    check(any("_checkpoint_wrapped_module" in name for name, _ in model.named_modules()), "blocks checkpointed")
+    losses = train_steps(accelerator, model, optimizer)
+    check(all(torch.isfinite(torch.tensor(losses))), f"FSDP1 trains: {losses}")
+
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1))
+    model = TinyTransformer()
+    groups = [{"params": model.embed.parameters()}, {"params": list(model.blocks.parameters()) +
+                                                     list(model.head.parameters()), "lr": 0.1}]
+    raises(ValueError, ["use_orig_params=True"], lambda: accelerator.prepare(model, torch.optim.SGD(groups, lr=0.01)))
+
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1,
+                                                                                   use_orig_params=True))
+    model = TinyTransformer()
+    groups = [{"params": model.embed.parameters()}, {"params": list(model.blocks.parameters()) +
+                                                     list(model.head.parameters()), "lr": 0.1}]
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(groups, lr=0.01))
+    train_steps(accelerator, model, optimizer, 2)
+    check([g["lr"] for g in optimizer.param_groups] == [0.01, 0.1], "use_orig_params keeps the parameter groups")
+    print("ok: FSDP1", flush=True)
+
+
 def main(work: Path) -> None:
     wrapping_policies()
     ignored_modules_and_checkpointing()
@@ -223,6 +257,7 @@ def main(work: Path) -> None:
     fp16_and_state_dicts(work)
     sharded_checkpoints(work)
     ram_efficient_loading()
+    fsdp1()
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         print("FSDP CHECKS PASSED", flush=True)

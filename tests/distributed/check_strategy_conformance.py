@@ -39,6 +39,9 @@ STRATEGIES = {
     "fsdp2_bf16": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy="bf16")},
                    "FSDPStrategy"),  # bf16 compute and reductions, fp32 master weights: BF16_TOLERANCE
     "fsdp2_config": (2, {"parallelism_config": ParallelismConfig(dp_shard_size=2)}, "FSDPStrategy"),
+    "fsdp1": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=1)}, "FSDP1Strategy"),  # full files
+    "fsdp1_sharded": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(
+        fsdp_version=1, use_orig_params=True, state_dict_type="SHARDED_STATE_DICT")}, "FSDP1Strategy"),
     "hsdp": (4, {"parallelism_config": ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)}, "FSDPStrategy"),
 }
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32 on CPU; only the reduction order differs between strategies
@@ -167,11 +170,11 @@ def saved_weights(folder: Path) -> dict:
     return model_weights_from_shards(folder / "pytorch_model_fsdp_0")
 
 
-def saved_optimizer(folder: Path, model, optimizer) -> dict:
-    """Optimizer 0's full state in a checkpoint, laid out as ``optimizer.state_dict()``."""
+def saved_optimizer(folder: Path, names: list) -> dict:
+    """Optimizer 0's full state in a checkpoint, laid out as ``optimizer.state_dict()`` (``names``: its parameters')."""
     if (folder / "optimizer.bin").is_file():
         return torch.load(folder / "optimizer.bin", weights_only=True)
-    return optimizer_state_from_shards(folder / "optimizer_0", model, optimizer)
+    return optimizer_state_from_shards(folder / "optimizer_0", names)
 
 
 def check_loads(accelerator, folder: Path, strategy: str, other: str) -> None:
@@ -190,7 +193,7 @@ def check_loads(accelerator, folder: Path, strategy: str, other: str) -> None:
         check(saved.keys() == weights.keys(), f"model keys {sorted(saved)} vs {sorted(weights)}", accelerator)
         for name, value in saved.items():
             check(torch.equal(weights[name].cpu(), value), f"{name} not loaded from {other}'s checkpoint", accelerator)
-        before = saved_optimizer(folder, accelerator.unwrap_model(model), optimizer)
+        before = saved_optimizer(folder, accelerator.strategy.optimizer_parameter_names(model, optimizer))
         check(before["state"].keys() == live_optimizer["state"].keys(), "optimizer state keys", accelerator)
         for key, entry in before["state"].items():
             for field, value in entry.items():

@@ -134,7 +134,7 @@ class LoadedState:
 
 
 def _check_model(folder: Path, path: Path, strategy, model, state: dict, strict: bool) -> None:
-    expected = strategy.unwrap(model).state_dict()
+    expected = strategy.expected_state_dict(model)
     problems = []
     if strict:
         missing = [key for key in expected if key not in state]
@@ -157,16 +157,15 @@ def _check_model(folder: Path, path: Path, strategy, model, state: dict, strict:
         )
 
 
-def _check_optimizer(path: Path, optimizer, state) -> None:
+def _check_optimizer(path: Path, optimizer, state, live: list) -> None:
+    """``live``: the number of parameters in each of the prepared optimizer's groups."""
     if not isinstance(state, dict):
         raise CorruptCheckpointError(f"{path.name} in {path.parent} does not hold an optimizer state "
                                      f"(found a {type(state).__name__}). Load another checkpoint.")
     saved_groups = state.get("param_groups")
-    live_groups = getattr(optimizer, "param_groups", None)
-    if not isinstance(saved_groups, list) or not isinstance(live_groups, list):
+    if not isinstance(saved_groups, list):
         return  # a backend's own format: its load_state_dict checks it
     saved = [len(group.get("params", ())) if isinstance(group, dict) else None for group in saved_groups]
-    live = [len(group["params"]) for group in live_groups]
     if saved != live:
         raise CheckpointError(
             f"{path.name} in {path.parent} was saved for an optimizer with parameter groups of sizes {saved}; the "
@@ -205,11 +204,14 @@ def read_full_state(strategy, folder: Path, marker: Optional[dict], targets: Che
     for index, (optimizer, path) in enumerate(zip(targets.optimizers, plan.optimizers)):
         if path.is_dir():
             owner = targets.model_of(optimizer)
-            state = optimizer_state_from_shards(path, owner and strategy.unwrap(owner), optimizer,
+            if owner is None:
+                raise CheckpointError(f"{path} keys the optimizer's state by parameter name, and the prepared "
+                                      f"{type(optimizer).__name__} trains no prepared model: prepare its model too.")
+            state = optimizer_state_from_shards(path, strategy.optimizer_parameter_names(owner, optimizer),
                                                 weights_only=_weights_only(load_kwargs))
         else:
             state = load_pickle_file(path, f"optimizer {index}", map_location=device, load_kwargs=load_kwargs)
-        _check_optimizer(path, optimizer, state)
+        _check_optimizer(path, optimizer, state, strategy.optimizer_group_sizes(targets.model_of(optimizer), optimizer))
         loaded.optimizers.append((optimizer, state))
     for index, (scheduler, path) in enumerate(zip(targets.schedulers, plan.schedulers)):
         state = load_pickle_file(path, f"scheduler {index}", load_kwargs=load_kwargs)
@@ -256,10 +258,8 @@ def apply_full_state(strategy, loaded: LoadedState, targets: CheckpointTargets, 
     undo = []  # (function, argument) pairs that put back what was applied, run in reverse on failure
     try:
         for optimizer, state in loaded.optimizers:
-            model = targets.model_of(optimizer)
-            undo.append((lambda o, s, m=model: strategy.load_optimizer_state_dict(m, o, s), optimizer,
-                         optimizer.state_dict()))
-            strategy.load_optimizer_state_dict(model, optimizer, state)
+            undo.append((lambda o, s: o.load_state_dict(s), optimizer, optimizer.state_dict()))  # its own state
+            strategy.load_optimizer_state_dict(targets.model_of(optimizer), optimizer, state)
         for scheduler, state in loaded.schedulers:
             undo.append((lambda o, s: o.load_state_dict(s), scheduler, _copy(scheduler.state_dict())))
             scheduler.load_state_dict(state)

@@ -112,7 +112,7 @@ def fill_aliases(loaded: dict, expected: Mapping[str, torch.Tensor]) -> dict:
 
 def prepare_loaded_state(strategy, model: nn.Module, loaded: Mapping) -> dict:
     """A state dict read from a file, made ready for ``strategy.load_model_state_dict(model, ...)``."""
-    expected = strategy.unwrap(model).state_dict(keep_vars=True)
+    expected = strategy.expected_state_dict(model, keep_vars=True)
     return fill_aliases(match_keys(loaded, expected.keys()), expected)
 
 

@@ -60,8 +60,9 @@ def by_name(positional: dict, names: list[list[str]]) -> dict:
 
 
 def is_local_state(state: dict) -> bool:
-    """Whether an optimizer state holds this rank's shards (DTensors): the optimizer's own ``state_dict()``."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(value, DTensor) for entry in state.get("state", {}).values()
-               for value in (entry.values() if isinstance(entry, dict) else ()))
+    """Whether an optimizer state holds this rank's shards keyed by name (a sharded checkpoint's): string keys
+    and DTensor / ShardedTensor values."""
+    entries = state.get("state", {})
+    return bool(entries) and all(isinstance(key, str) for key in entries) and any(
+        hasattr(value, "device_mesh") or type(value).__name__ == "ShardedTensor"
+        for entry in entries.values() for value in (entry.values() if isinstance(entry, dict) else ()))

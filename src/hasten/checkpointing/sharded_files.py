@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torch import nn
-
 from ..utils.safe_dcp import read_dcp_checkpoint
-from .errors import CheckpointError, CorruptCheckpointError
-from .optimizer_names import by_position, parameter_names
+from .errors import CorruptCheckpointError
+from .optimizer_names import by_position
 from .safe_load import UNSAFE_OPT_IN
 
 __all__ = ["is_sharded_folder", "model_weights_from_shards", "optimizer_state_from_shards"]
@@ -36,15 +34,11 @@ def model_weights_from_shards(path: Path, weights_only: bool = True) -> dict:
     return _entry(Path(path), "model", weights_only)
 
 
-def optimizer_state_from_shards(path: Path, model: nn.Module, optimizer, weights_only: bool = True) -> dict:
+def optimizer_state_from_shards(path: Path, names: list, weights_only: bool = True) -> dict:
     """The full state of the optimizer saved in the DCP folder ``path``, laid out as ``optimizer.state_dict()``
-    (by position) for ``optimizer``, which trains ``model``."""
-    if model is None:
-        raise CheckpointError(f"{path} keys the optimizer's state by parameter name, and the prepared "
-                              f"{type(optimizer).__name__} trains no prepared model: prepare its model too.")
+    (by position) for an optimizer whose parameters are called ``names`` (per group, in order:
+    ``Strategy.optimizer_parameter_names``)."""
     named = _entry(Path(path), "optimizer", weights_only)
-    inner = getattr(optimizer, "optimizer", optimizer)
-    names = parameter_names(model, inner)
     missing = [name for group in names for name in group if name not in named.get("state", {})]
     if named.get("state") and missing:
         raise CorruptCheckpointError(f"{path} holds no optimizer state for {missing[:4]}: it was saved for another "

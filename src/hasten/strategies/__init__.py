@@ -24,10 +24,13 @@ def _fsdp(state, kwargs_handlers, dims, plugin=None) -> Strategy:
     or a default FSDP2 one when a ParallelismConfig's ``dp_shard_size`` asks for sharding."""
     from ..config.fsdp import FullyShardedDataParallelPlugin
     from .fsdp import FSDPStrategy
+    from .fsdp1 import FSDP1Strategy
 
     if plugin is None:
         plugin = (FullyShardedDataParallelPlugin(fsdp_version=2) if dims is not None and dims.dp_shard > 1
                   and not _env_selects("use_fsdp") else FullyShardedDataParallelPlugin())
+    if isinstance(plugin, FullyShardedDataParallelPlugin) and plugin.fsdp_version == 1:
+        return FSDP1Strategy(state, kwargs_handlers, dims, plugin)
     return FSDPStrategy(state, kwargs_handlers, dims, plugin)
 
 

@@ -170,12 +170,29 @@ class Strategy:
     def load_model_state_dict(self, model: nn.Module, state_dict: dict, strict: bool = True):
         return self.unwrap(model).load_state_dict(state_dict, strict=strict)
 
+    def expected_state_dict(self, model: nn.Module, keep_vars: bool = False) -> dict:
+        """The names of the model's full state dict, each with a tensor of its full shape (nothing gathered):
+        what a loaded state dict is checked against. Tied names share one tensor."""
+        return self.unwrap(model).state_dict(keep_vars=keep_vars)
+
     def optimizer_state_dict(self, model: Optional[nn.Module], optimizer) -> dict:
         """``optimizer``'s state dict; ``model``: the prepared model it trains (sharded backends need it)."""
         return optimizer.state_dict()
 
     def load_optimizer_state_dict(self, model: Optional[nn.Module], optimizer, state_dict: dict) -> None:
         optimizer.load_state_dict(state_dict)
+
+    def optimizer_parameter_names(self, model: nn.Module, optimizer) -> list:
+        """The names (in ``model``) of ``optimizer``'s parameters, per group in order: how a state keyed by name
+        (a sharded checkpoint's) maps to ``optimizer_state_dict``'s positions."""
+        from ..checkpointing.optimizer_names import parameter_names
+
+        return parameter_names(self.unwrap(model), getattr(optimizer, "optimizer", optimizer))
+
+    def optimizer_group_sizes(self, model: Optional[nn.Module], optimizer) -> list:
+        """How many parameters each group of ``optimizer`` has in a saved state (``optimizer_state_dict``'s
+        layout; a backend that flattens parameters counts the originals)."""
+        return [len(group["params"]) for group in optimizer.param_groups]
 
     # ------------------------------------------------------------ checkpoint IO (inside the staging folder)
     def collect_checkpoint(self, targets):

@@ -19,7 +19,6 @@ from torch import nn
 
 from ..checkpointing.optimizer_names import by_name, by_position, clean_name, is_local_state, parameter_names
 from ..config.enums import DistributedType
-from ..utils.planned import not_yet_supported
 from .base import Strategy
 from .fsdp_wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
 
@@ -31,6 +30,7 @@ class FSDPStrategy(Strategy):
 
     distributed_type = DistributedType.FSDP
     prepares_models_with_optimizers = True
+    fsdp_version = 2
 
     def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
         from ..config.fsdp import FullyShardedDataParallelPlugin
@@ -38,15 +38,16 @@ class FSDPStrategy(Strategy):
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin(fsdp_version=2)
         if not isinstance(self.plugin, FullyShardedDataParallelPlugin):
             raise TypeError(f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(self.plugin).__name__}.")
-        if self.plugin.fsdp_version != 2:
-            raise not_yet_supported("FSDP1 (fsdp_version=1)",
-                                    "use FullyShardedDataParallelPlugin(fsdp_version=2) (FSDP_VERSION=2)")
+        if self.plugin.fsdp_version != self.fsdp_version:
+            raise ValueError(f"{type(self).__name__} runs fsdp_version={self.fsdp_version}, and the plugin asks for "
+                             f"{self.plugin.fsdp_version}: select the strategy with strategies.select_strategy.")
         if state.num_processes < 2:
             raise ValueError("FSDP shards the model over several processes and this run has 1: launch it with "
                              "`hasten launch -n N train.py` (N >= 2), or remove the FSDP plugin to train on one "
                              "device.")
         super().__init__(state, kwargs_handlers, _sharded_layout(dims, state.num_processes))
         self.checkpoint_io = _checkpoint_io(self.plugin)
+        self._optimizer_names: dict = {}  # id(optimizer) -> its parameters' names per group, as prepared
 
     # ------------------------------------------------------------ precision and set-up
     def create_precision(self):
@@ -100,10 +101,17 @@ class FSDPStrategy(Strategy):
             originals.update({id(p): clean_name(n) for n, p in model.named_parameters()})
             model = self._shard(self.precision.wrap_forward(model))
             prepared.append(compile_model(model) if compile_model is not None else model)
+        for optimizer in optimizers:  # names in the optimizer's own order: its state's positions in a checkpoint
+            self._optimizer_names[id(optimizer)] = [[originals.get(id(p), "") for p in group["params"]]
+                                                    for group in optimizer.param_groups]
+        self._repoint_optimizers(optimizers, originals, prepared)
+        return prepared, [self.prepare_optimizer(o) for o in optimizers]
+
+    def _repoint_optimizers(self, optimizers, originals: dict, prepared: list) -> None:
+        """Point the optimizers at the sharded parameters that replaced the originals (matched by name)."""
         sharded = {clean_name(n): p for model in prepared for n, p in self.unwrap(model).named_parameters()}
         for optimizer in optimizers:
             _repoint(optimizer, originals, sharded)
-        return prepared, [self.prepare_optimizer(o) for o in optimizers]
 
     def _shard(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -172,61 +180,75 @@ class FSDPStrategy(Strategy):
 
         return StateDictOptions(full_state_dict=True, **extra)
 
+    def _state_dict_module(self, model: nn.Module) -> nn.Module:
+        """The module torch's state-dict API is given (FSDP2: the user's module, sharded in place)."""
+        return self.unwrap(model)
+
+    def optimizer_parameter_names(self, model: nn.Module, optimizer) -> list:
+        """The names of ``optimizer``'s parameters per group, in the order it was given them (before sharding)."""
+        inner = getattr(optimizer, "optimizer", optimizer)
+        return self._optimizer_names.get(id(inner)) or parameter_names(self.unwrap(model), inner)
+
+    _names = optimizer_parameter_names
+
+    def optimizer_group_sizes(self, model, optimizer) -> list:
+        return [len(group) for group in self._names(_required(model, optimizer), optimizer)]
+
     def model_state_dict(self, model: nn.Module, full: bool = True) -> dict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         if not full:
             return self.unwrap(model).state_dict()
-        return get_model_state_dict(self.unwrap(model), options=self._options(cpu_offload=True))
+        return get_model_state_dict(self._state_dict_module(model), options=self._options(cpu_offload=True))
 
     def sharded_model_state_dict(self, model: nn.Module) -> dict:
-        """This rank's shards of the model's state (DTensors), keyed by parameter name."""
+        """This rank's shards of the model's state, keyed by parameter name."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.unwrap(model), options=StateDictOptions(full_state_dict=False))
+        return get_model_state_dict(self._state_dict_module(model), options=StateDictOptions(full_state_dict=False))
 
     def sharded_optimizer_state_dict(self, model: Optional[nn.Module], optimizer) -> dict:
         """This rank's shards of the optimizer's state, keyed by parameter name."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        return get_optimizer_state_dict(self.unwrap(_required(model, optimizer)),
+        return get_optimizer_state_dict(self._state_dict_module(_required(model, optimizer)),
                                         getattr(optimizer, "optimizer", optimizer),
                                         options=StateDictOptions(full_state_dict=False))
 
     def load_model_state_dict(self, model: nn.Module, state_dict: dict, strict: bool = True):
-        """A full state dict (plain tensors) or this rank's shards (DTensors, from a sharded checkpoint)."""
+        """A full state dict (plain tensors) or this rank's shards (from a sharded checkpoint)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        from torch.distributed.tensor import DTensor
 
-        sharded = any(isinstance(value, DTensor) for value in state_dict.values())
-        return set_model_state_dict(self.unwrap(model), state_dict,
+        sharded = any(_is_shard(value) for value in state_dict.values())
+        return set_model_state_dict(self._state_dict_module(model), state_dict,
                                     options=StateDictOptions(full_state_dict=not sharded, strict=strict))
 
     def optimizer_state_dict(self, model: Optional[nn.Module], optimizer) -> dict:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         inner = getattr(optimizer, "optimizer", optimizer)
-        module = self.unwrap(_required(model, optimizer))
+        module = self._state_dict_module(_required(model, optimizer))
         named = get_optimizer_state_dict(module, inner, options=self._options(cpu_offload=True))
-        return by_position(named, parameter_names(module, inner), inner.param_groups)
+        return by_position(named, self._names(model, inner), inner.param_groups)
 
     def load_optimizer_state_dict(self, model: Optional[nn.Module], optimizer, state_dict: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
+        """A full state laid out by position (full files), or this rank's shards keyed by name (sharded files)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         inner = getattr(optimizer, "optimizer", optimizer)
-        module = self.unwrap(_required(model, optimizer))
+        module = self._state_dict_module(_required(model, optimizer))
         if is_local_state(state_dict):
-            if all(isinstance(key, str) for key in state_dict["state"]):  # shards keyed by name (sharded checkpoint)
-                set_optimizer_state_dict(module, inner, state_dict, options=StateDictOptions(full_state_dict=False))
-            else:  # the optimizer's own state_dict() (putting back a failed load)
-                inner.load_state_dict(state_dict)
+            set_optimizer_state_dict(module, inner, state_dict, options=StateDictOptions(full_state_dict=False))
             return
-        set_optimizer_state_dict(module, inner, by_name(state_dict, parameter_names(module, inner)),
+        set_optimizer_state_dict(module, inner, by_name(state_dict, self._names(model, inner)),
                                  options=self._options())
         for live, saved in zip(inner.param_groups, state_dict["param_groups"]):  # hyperparameters as saved
             live.update({key: value for key, value in saved.items() if key != "params"})  # (tuples stay tuples)
+
+
+def _is_shard(value) -> bool:
+    """A DTensor (FSDP2) or a ShardedTensor (FSDP1): this rank's part of a tensor."""
+    return hasattr(value, "device_mesh") or type(value).__name__ == "ShardedTensor"
 
 
 def _checkpoint_io(plugin):

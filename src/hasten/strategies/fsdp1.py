@@ -1,0 +1,167 @@
+"""FSDP1: ``torch.distributed.fsdp.FullyShardedDataParallel``, the wrapper-module FSDP (``fsdp_version=1``).
+
+Everything but the wrapping is shared with FSDP2 (``fsdp.py``): layout, precision (with a sharded grad scaler),
+the state dicts through ``torch.distributed.checkpoint.state_dict`` (which serves both versions), checkpoint IO.
+Here: the plugin's FSDP1 options go to the wrapper (sharding strategy, backward / forward prefetch, CPU offload,
+mixed precision, auto-wrap policy, ignored modules, ``sync_module_states`` + ``param_init_fn``,
+``limit_all_gathers``, ``use_orig_params``); on the CPU the wrapper is told its device (``device_id=cpu``).
+"""
+from __future__ import annotations
+
+import contextlib
+
+from torch import nn
+
+from .fsdp import FSDPStrategy
+from .fsdp_wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
+
+__all__ = ["FSDP1Strategy"]
+
+
+class FSDP1Strategy(FSDPStrategy):
+    """Wraps every prepared model in ``FullyShardedDataParallel`` over the data-parallel shard group."""
+
+    fsdp_version = 1
+
+    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
+        offload = getattr(getattr(plugin, "cpu_offload", None), "offload_params", False)
+        if offload and state.device.type == "cpu":
+            raise ValueError(
+                "FSDP1 with cpu_offload=True cannot run on the CPU: torch's FSDP1 offload pins the shards for a GPU "
+                "and fails without one, and on the CPU the parameters are in CPU memory already. Remove cpu_offload "
+                "(FSDP_OFFLOAD_PARAMS=false), or use fsdp_version=2, whose CPU offload works here.")
+        super().__init__(state, kwargs_handlers, dims, plugin)
+        self._layouts: dict = {}  # id(user's module) -> its full state dict's names, on meta (see expected_state_dict)
+
+    def expected_state_dict(self, model: nn.Module, keep_vars: bool = False) -> dict:
+        """The full names and shapes, recorded before wrapping (the wrapped module lists its flat parameters)."""
+        layout = self._layouts.get(id(self.unwrap(model)))
+        return dict(layout) if layout is not None else super().expected_state_dict(model, keep_vars)
+
+    def _shard(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+        if isinstance(model, FullyShardedDataParallel):
+            return model
+        decide = wrap_policy(model, self.plugin)
+        units = wrap_units(model, decide)
+        layout = self.layout
+        layout.build_mesh(self.state.device.type)
+        hybrid = layout.dp_replicate > 1
+        strategy = self.plugin.sharding_strategy
+        if hybrid and strategy not in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+            strategy = ShardingStrategy.HYBRID_SHARD  # dp_replicate x dp_shard: shard within, replicate across
+        options = dict(
+            sharding_strategy=strategy, cpu_offload=self.plugin.cpu_offload,
+            auto_wrap_policy=(lambda module, recurse, nonwrapped_numel: True if recurse
+                              else decide(module, nonwrapped_numel)) if decide is not None else None,
+            backward_prefetch=self.plugin.backward_prefetch, mixed_precision=self.plugin.mixed_precision_policy,
+            param_init_fn=self.plugin.param_init_fn, sync_module_states=bool(self.plugin.sync_module_states),
+            forward_prefetch=bool(self.plugin.forward_prefetch), limit_all_gathers=self.plugin.limit_all_gathers,
+            use_orig_params=bool(self.plugin.use_orig_params),
+            device_id=self.state.device if self.state.device.type == "cpu" else self.state.device.index,
+        )
+        if hybrid:
+            options["device_mesh"] = layout.mesh["dp_replicate", "dp_shard"]
+        elif layout.world_size != layout.dp_shard:
+            options["process_group"] = layout.submesh("dp_shard").get_group()
+        ignored = ignored_parameters(model, self.plugin.ignored_modules)
+        if ignored:
+            options["ignored_states"] = list(ignored)
+        self._layouts[id(model)] = _meta_copy(model.state_dict(keep_vars=True))
+        wrapped = FullyShardedDataParallel(model, **options)
+        if self.plugin.activation_checkpointing:
+            apply_activation_checkpointing(wrapped, units)
+        return wrapped
+
+    def _repoint_optimizers(self, optimizers, originals: dict, prepared: list) -> None:
+        """With ``use_orig_params`` the wrapper keeps the parameters' names: re-point by name. Without it the
+        parameters are flattened: an optimizer with one parameter group trains the flat parameters instead."""
+        if self.plugin.use_orig_params:
+            super()._repoint_optimizers(optimizers, originals, prepared)
+            return
+        flat = [p for model in prepared for p in model.parameters()]
+        for optimizer in optimizers:
+            if optimizer.state:
+                super()._repoint_optimizers([optimizer], originals, prepared)  # raises the "already stepped" error
+            if len(optimizer.param_groups) != 1:
+                raise ValueError(
+                    f"The optimizer has {len(optimizer.param_groups)} parameter groups and FSDP1 flattens the "
+                    "parameters (use_orig_params=False): set use_orig_params=True (FSDP_USE_ORIG_PARAMS=true) to keep "
+                    "per-parameter groups, or use fsdp_version=2.")
+            optimizer.param_groups[0]["params"] = flat
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module):
+        with model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext():
+            yield
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2, *, models=(), optimizers=()):
+        """FSDP1's own clipping (the norm of every rank's shards) when one model is prepared."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        wrapped = [m for m in models if isinstance(m, FullyShardedDataParallel)]
+        if len(wrapped) == 1:
+            return wrapped[0].clip_grad_norm_(max_norm, norm_type)
+        return super().clip_grad_norm_(parameters, max_norm, norm_type, models=models, optimizers=optimizers)
+
+    def unwrap(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        while isinstance(model, FullyShardedDataParallel):
+            model = model.module
+        return super().unwrap(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
+    def _state_dict_module(self, model: nn.Module) -> nn.Module:
+        return getattr(model, "_orig_mod", model)  # torch's state-dict API needs the FSDP1 wrapper itself
+
+    # torch's get_model_state_dict / get_optimizer_state_dict gather FSDP1 full states with offload_to_cpu, which
+    # breaks when the parameters already live on the CPU (the unsharded views point at freed storage). On the
+    # CPU the full states are gathered to the main process without offloading, through FSDP1's own API.
+    def _cpu(self) -> bool:
+        return self.state.device.type == "cpu"
+
+    def _full_context(self, model):
+        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import StateDictType
+
+        return FSDP.state_dict_type(self._state_dict_module(model), StateDictType.FULL_STATE_DICT,
+                                    FullStateDictConfig(offload_to_cpu=False, rank0_only=True),
+                                    FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=True))
+
+    def model_state_dict(self, model: nn.Module, full: bool = True) -> dict:
+        if not (full and self._cpu()):
+            return super().model_state_dict(model, full)
+        with self._full_context(model):
+            state = self._state_dict_module(model).state_dict()
+        return {key: value.detach().clone() for key, value in state.items()} if self.state.is_main_process else {}
+
+    def optimizer_state_dict(self, model, optimizer) -> dict:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        from ..checkpointing.optimizer_names import by_position
+        from .fsdp import _required
+
+        if not self._cpu():
+            return super().optimizer_state_dict(model, optimizer)
+        inner = getattr(optimizer, "optimizer", optimizer)
+        module = self._state_dict_module(_required(model, optimizer))
+        with self._full_context(model):
+            named = FSDP.optim_state_dict(module, inner)
+        return by_position(named, self._names(model, inner), inner.param_groups) if self.state.is_main_process else {}
+
+
+def _meta_copy(state: dict) -> dict:
+    """``state`` with every tensor replaced by one of the same shape and dtype on meta (no memory); names of one
+    tensor (tied weights) share one copy."""
+    import torch
+
+    copies: dict = {}
+    result = {}
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            result[name] = copies.setdefault(id(value), torch.empty_like(value, device="meta"))
+        else:
+            result[name] = value
+    return result
