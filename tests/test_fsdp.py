@@ -84,3 +84,9 @@ def test_fsdp1_options_with_fsdp2_are_refused_naming_both():
         FullyShardedDataParallelPlugin(fsdp_version=2, forward_prefetch=True)
     with pytest.raises(ValueError, match="LOCAL_STATE_DICT"):
         FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="LOCAL_STATE_DICT")
+
+
+def test_a_transformers_model_wraps_by_its_no_split_modules_and_resumes_bitwise(tmp_path):
+    pytest.importorskip("transformers", reason="transformers is in the test extra: pip install 'hasten[test]'")
+    result = run_launch("check_fsdp_resume.py", tmp_path, num_processes=2)
+    assert "FSDP RESUME CHECKS PASSED" in result.stdout, result.stdout
