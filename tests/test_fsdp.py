@@ -57,9 +57,12 @@ def _config(tmp_path, fsdp_config: str):
     config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\n"
                       "fsdp_config:\n" + fsdp_config)
     script = tmp_path / "train.py"
-    script.write_text("from hasten import Accelerator\naccelerator = Accelerator()\nplugin = accelerator.strategy.plugin\n"
-                      "print('CHOSEN', type(accelerator.strategy).__name__, accelerator.distributed_type, "
-                      "plugin.fsdp_version, plugin.min_num_params, plugin.activation_checkpointing)\n")
+    script.write_text("import os\nfrom hasten import Accelerator\naccelerator = Accelerator()\n"
+                      "plugin = accelerator.strategy.plugin\n"
+                      "line = ' '.join(map(str, ['CHOSEN', type(accelerator.strategy).__name__, "
+                      "accelerator.distributed_type, plugin.fsdp_version, plugin.min_num_params, "
+                      "plugin.activation_checkpointing])) + '\\n'\n"
+                      "os.write(1, line.encode())  # one write: the two processes' lines never interleave\n")
     return config, script
 
 
