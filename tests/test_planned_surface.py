@@ -574,7 +574,6 @@ def test_using_a_planned_backend_raises_not_yet_supported(name):
 
 @pytest.mark.parametrize("argument, make", [
     ("deepspeed_plugin", lambda: hdc.DeepSpeedPlugin()),
-    ("fsdp_plugin", lambda: hdc.FullyShardedDataParallelPlugin()),
     ("megatron_lm_plugin", lambda: hdc.MegatronLMPlugin()),
     ("torch_tp_plugin", lambda: hdc.TorchTensorParallelPlugin(tp_size=1)),
 ])

@@ -38,3 +38,17 @@ def test_the_first_strategy_loads_the_last_strategys_checkpoint(work):
         run_launch("check_strategy_conformance.py", last, work, num_processes=STRATEGIES[last][0])
     result = run_launch("check_strategy_conformance.py", first, work, last, num_processes=STRATEGIES[first][0])
     assert f"ok: {first} loaded {last}'s checkpoint" in result.stdout, result.stdout
+
+
+# Sharded checkpoints reshard: besides the chain above (2 -> 4 -> 1 processes), load on 2 what 1 and 4 processes
+# saved, under both FSDP versions.
+CROSS_LOADS = [("fsdp2", "single"), ("fsdp2", "hsdp"), ("fsdp1_sharded", "hsdp")]
+
+
+@pytest.mark.parametrize("strategy, other", CROSS_LOADS, ids=[f"{a}<-{b}" for a, b in CROSS_LOADS])
+def test_a_checkpoint_loads_on_another_number_of_processes(work, strategy, other):
+    if not (work / other).is_dir():  # run alone: produce the other strategy's checkpoint first
+        run_launch("check_strategy_conformance.py", other, work, num_processes=STRATEGIES[other][0])
+    result = run_launch("check_strategy_conformance.py", strategy, work, other,
+                        num_processes=STRATEGIES[strategy][0])
+    assert f"ok: {strategy} loaded {other}'s checkpoint" in result.stdout, result.stdout
