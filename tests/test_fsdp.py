@@ -93,3 +93,26 @@ def test_a_transformers_model_wraps_by_its_no_split_modules_and_resumes_bitwise(
     pytest.importorskip("transformers", reason="transformers is in the test extra: pip install 'hasten[test]'")
     result = run_launch("check_fsdp_resume.py", tmp_path, num_processes=2)
     assert "FSDP RESUME CHECKS PASSED" in result.stdout, result.stdout
+
+
+def test_a_job_killed_during_an_async_sharded_save_keeps_the_previous_checkpoint(tmp_path):
+    import os
+    import signal
+    import time
+
+    from helpers import DISTRIBUTED, ROOT, _one_multiprocess_job_at_a_time
+
+    command = [sys.executable, "-m", "hasten", "launch", "-n", "2", str(DISTRIBUTED / "fsdp_async_kill.py"), "save",
+               str(tmp_path)]
+    with _one_multiprocess_job_at_a_time():
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                               cwd=ROOT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "writing").exists() and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.1)
+        assert (tmp_path / "writing").exists(), job.communicate(timeout=30)
+        os.killpg(job.pid, signal.SIGKILL)  # the whole job, in the middle of the background write
+        job.communicate(timeout=30)
+    assert (tmp_path / "checkpoints" / "checkpoint_0").is_dir()
+    result = run_launch("fsdp_async_kill.py", "load", tmp_path, num_processes=2)
+    assert "KILL CHECK PASSED" in result.stdout, result.stdout
