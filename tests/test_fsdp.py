@@ -116,3 +116,44 @@ def test_a_job_killed_during_an_async_sharded_save_keeps_the_previous_checkpoint
     assert (tmp_path / "checkpoints" / "checkpoint_0").is_dir()
     result = run_launch("fsdp_async_kill.py", "load", tmp_path, num_processes=2)
     assert "KILL CHECK PASSED" in result.stdout, result.stdout
+
+
+def test_fsdp2_switch_optimizer_parameters_maps_by_data_pointer():
+    from hasten.utils.fsdp_utils import fsdp2_switch_optimizer_parameters
+
+    old, new = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(old.parameters(), lr=0.1)
+    mapping = {o.data_ptr(): n for o, n in zip(old.parameters(), new.parameters())}
+    fsdp2_switch_optimizer_parameters(optimizer, mapping)
+    assert optimizer.param_groups[0]["params"] == list(new.parameters())
+    with pytest.raises(KeyError, match="data_ptr"):
+        fsdp2_switch_optimizer_parameters(optimizer, {})
+
+
+def test_the_file_functions_need_an_fsdp_run():
+    from hasten.utils.fsdp_utils import save_fsdp_model
+
+    accelerator = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match="prepared with FSDP"):
+        save_fsdp_model(FullyShardedDataParallelPlugin(fsdp_version=2), accelerator, torch.nn.Linear(1, 1), "x")
+
+
+def test_a_reference_fsdp_full_checkpoint_loads_on_one_process(tmp_path):
+    """Accelerate's FSDP FULL_STATE_DICT files: pytorch_model_fsdp.bin and an optimizer.bin keyed by name."""
+    from hasten.checkpointing.optimizer_names import by_name, parameter_names
+
+    torch.manual_seed(0)
+    source = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    source_optimizer = torch.optim.AdamW(source.parameters(), lr=0.1)
+    source(torch.ones(2, 3)).sum().backward()
+    source_optimizer.step()
+    torch.save(source.state_dict(), tmp_path / "pytorch_model_fsdp.bin")
+    torch.save(by_name(source_optimizer.state_dict(), parameter_names(source, source_optimizer)),
+               tmp_path / "optimizer.bin")
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    accelerator.load_state(tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values()))
+    loaded, expected = optimizer.state_dict()["state"], source_optimizer.state_dict()["state"]
+    assert all(torch.equal(loaded[i]["exp_avg"], expected[i]["exp_avg"]) for i in expected)

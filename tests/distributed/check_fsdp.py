@@ -4,6 +4,7 @@ cpu_ram_efficient_loading (FSDP2) and FSDP1's wrapper.
 Run by tests/test_fsdp.py under ``hasten launch -n 2``. Each check builds a fresh Accelerator (the shared state is
 reset between them). Prints FSDP CHECKS PASSED.
 """
+import copy
 import sys
 from pathlib import Path
 
@@ -250,6 +251,45 @@ def fsdp1() -> None:
     print("ok: FSDP1", flush=True)
 
 
+def accelerate_file_functions(work: Path) -> None:
+    """Accelerate's save_fsdp_model / load_fsdp_model / ..._optimizer, fsdp2_prepare_model and
+    fsdp2_load_full_state_dict on hasten's FSDP strategy."""
+    from hasten.utils.fsdp_utils import (fsdp2_load_full_state_dict, fsdp2_prepare_model, load_fsdp_model,
+                                         load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer)
+
+    for kind, files in (("FULL_STATE_DICT", ("pytorch_model_fsdp.bin", "optimizer.bin")),
+                        ("SHARDED_STATE_DICT", ("pytorch_model_fsdp_0/.metadata", "optimizer_0/.metadata"))):
+        accelerator, model, optimizer = fresh(state_dict_type=kind)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        train_steps(accelerator, model, optimizer, 2)
+        plugin, folder = accelerator.strategy.plugin, work / kind
+        save_fsdp_model(plugin, accelerator, model, folder)
+        save_fsdp_optimizer(plugin, accelerator, optimizer, model, folder)
+        check(all((folder / name).is_file() for name in files), f"{kind} files {files}")
+        weights = accelerator.get_state_dict(model)
+        state = copy.deepcopy(accelerator.strategy.optimizer_state_dict(model, optimizer))  # (holds live tensors)
+        train_steps(accelerator, model, optimizer, 2)  # move away from the saved state
+        load_fsdp_model(plugin, accelerator, model, folder)
+        load_fsdp_optimizer(plugin, accelerator, optimizer, model, folder)
+        again, state_again = accelerator.get_state_dict(model), accelerator.strategy.optimizer_state_dict(model, optimizer)
+        if accelerator.is_main_process:
+            check(all(torch.equal(weights[k], again[k]) for k in weights), f"{kind}: weights back")
+            check(all(torch.equal(torch.as_tensor(v), torch.as_tensor(state_again["state"][i][f]))
+                      for i, entry in state["state"].items() for f, v in entry.items()), f"{kind}: optimizer back")
+
+    accelerator, _, _ = fresh()
+    set_seed(1)
+    model = fsdp2_prepare_model(accelerator, TinyTransformer())
+    check(isinstance(model, FSDPModule), "fsdp2_prepare_model shards in place")
+    set_seed(2)
+    source = TinyTransformer().state_dict()
+    fsdp2_load_full_state_dict(accelerator, model, source)
+    loaded = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        check(all(torch.equal(loaded[k], source[k]) for k in source), "fsdp2_load_full_state_dict")
+    print("ok: Accelerate's FSDP file functions", flush=True)
+
+
 def main(work: Path) -> None:
     wrapping_policies()
     ignored_modules_and_checkpointing()
@@ -258,6 +298,7 @@ def main(work: Path) -> None:
     sharded_checkpoints(work)
     ram_efficient_loading()
     fsdp1()
+    accelerate_file_functions(work)
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         print("FSDP CHECKS PASSED", flush=True)

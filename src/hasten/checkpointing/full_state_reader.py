@@ -22,6 +22,7 @@ from .errors import CheckpointError, CorruptCheckpointError, IncompleteCheckpoin
 from .model_files import prepare_loaded_state
 from .rng import capture_rng_states, restore_rng_states
 from .safe_load import load_pickle_file, load_safetensors_file
+from .optimizer_names import by_position
 from .sharded_files import is_sharded_folder, model_weights_from_shards, optimizer_state_from_shards
 from .targets import CheckpointTargets
 
@@ -40,6 +41,9 @@ def model_path(folder: Path, index: int) -> Path:
     sharded = folder / f"pytorch_model_fsdp_{index}"
     if is_sharded_folder(sharded):  # written per rank by a sharded strategy: read whole here
         return sharded
+    gathered = folder / ("pytorch_model_fsdp.bin" if index == 0 else f"pytorch_model_fsdp_{index}.bin")
+    if gathered.is_file():  # the reference library's FSDP full state dict
+        return gathered
     raise IncompleteCheckpointError(
         f"Checkpoint {folder} has no weights for model {index}: neither {safe.name} nor {pickled.name} exists. "
         "Load a checkpoint saved with the same prepared models."
@@ -64,6 +68,11 @@ def _count(folder: Path, name_of) -> int:
     while (folder / name_of(count)).is_file():
         count += 1
     return count
+
+
+def _keyed_by_name(state) -> bool:
+    return isinstance(state, dict) and isinstance(state.get("state"), dict) and bool(state["state"]) and all(
+        isinstance(key, str) for key in state["state"])
 
 
 def _weights_only(load_kwargs: Optional[dict]) -> bool:
@@ -211,6 +220,12 @@ def read_full_state(strategy, folder: Path, marker: Optional[dict], targets: Che
                                                 weights_only=_weights_only(load_kwargs))
         else:
             state = load_pickle_file(path, f"optimizer {index}", map_location=device, load_kwargs=load_kwargs)
+            if _keyed_by_name(state):  # an FSDP optimizer state the reference library wrote (keyed by name)
+                owner = targets.model_of(optimizer)
+                if owner is None:
+                    raise CheckpointError(f"{path.name} in {folder} keys the optimizer's state by parameter name, and "
+                                          f"the prepared {type(optimizer).__name__} trains no prepared model.")
+                state = by_position(state, strategy.optimizer_parameter_names(owner, optimizer), state["param_groups"])
         _check_optimizer(path, optimizer, state, strategy.optimizer_group_sizes(targets.model_of(optimizer), optimizer))
         loaded.optimizers.append((optimizer, state))
     for index, (scheduler, path) in enumerate(zip(targets.schedulers, plan.schedulers)):

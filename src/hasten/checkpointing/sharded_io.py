@@ -30,7 +30,8 @@ from .safe_load import UNSAFE_OPT_IN
 from .snapshot import take_snapshot
 from .targets import CheckpointTargets
 
-__all__ = ["ShardedCheckpointIO", "sharded_model_folder", "sharded_optimizer_folder"]
+__all__ = ["ShardedCheckpointIO", "sharded_model_folder", "sharded_optimizer_folder", "empty_like",
+           "check_against_metadata", "load_shards"]
 
 
 def sharded_model_folder(index: int) -> str:
@@ -41,14 +42,14 @@ def sharded_optimizer_folder(index: int) -> str:
     return f"optimizer_{index}"
 
 
-def _empty_like(state):
+def empty_like(state):
     """A structure like ``state`` with fresh (uninitialised) tensors for DCP to load into."""
     if isinstance(state, torch.Tensor):
         return torch.empty_like(state)
     if isinstance(state, dict):
-        return {key: _empty_like(value) for key, value in state.items()}
+        return {key: empty_like(value) for key, value in state.items()}
     if isinstance(state, list):
-        return [_empty_like(value) for value in state]
+        return [empty_like(value) for value in state]
     return state
 
 
@@ -61,7 +62,7 @@ def _saved_shapes(folder: Path) -> dict:
             if isinstance(item, TensorStorageMetadata)}
 
 
-def _check_against(folder: Path, template: dict, prefix: str, strict: bool) -> None:
+def check_against_metadata(folder: Path, template: dict, prefix: str, strict: bool) -> None:
     """Every tensor of ``template`` must be in the checkpoint with the same global shape (clear error first)."""
     from .model_files import flatten_names
 
@@ -113,17 +114,17 @@ class ShardedCheckpointIO:
         loaded = read_full_state(strategy, folder, marker, rest, load_kwargs, device, strict)
         for index, model in enumerate(targets.models):
             path = self._require(folder, sharded_model_folder(index), f"model {index}")
-            template = _empty_like(strategy.sharded_model_state_dict(model))
-            _check_against(path, template, "model", strict)
+            template = empty_like(strategy.sharded_model_state_dict(model))
+            check_against_metadata(path, template, "model", strict)
             state = {"model": template}
-            _load(state, path, allow_partial=not strict)
+            load_shards(state, path, allow_partial=not strict)
             loaded.models.append((model, state["model"]))
         for index, optimizer in enumerate(targets.optimizers):
             path = self._require(folder, sharded_optimizer_folder(index), f"optimizer {index}")
-            template = _empty_like(strategy.sharded_optimizer_state_dict(targets.model_of(optimizer), optimizer))
-            _check_against(path, template, "optimizer", True)
+            template = empty_like(strategy.sharded_optimizer_state_dict(targets.model_of(optimizer), optimizer))
+            check_against_metadata(path, template, "optimizer", True)
             state = {"optimizer": template}
-            _load(state, path, allow_partial=False)
+            load_shards(state, path, allow_partial=False)
             loaded.optimizers.append((optimizer, state["optimizer"]))
         return loaded
 
@@ -140,7 +141,7 @@ class ShardedCheckpointIO:
         apply_full_state(strategy, loaded, targets, strict)
 
 
-def _load(state: dict, path: Path, allow_partial: bool) -> None:
+def load_shards(state: dict, path: Path, allow_partial: bool) -> None:
     """Read the shards of ``path`` into ``state`` (resharded to this run), unpickling nothing but plain values."""
     import torch.distributed.checkpoint as dcp
 

@@ -99,7 +99,7 @@ class FSDPStrategy(Strategy):
             if place and not on_meta:
                 model = model.to(self.state.device)
             originals.update({id(p): clean_name(n) for n, p in model.named_parameters()})
-            model = self._shard(self.precision.wrap_forward(model))
+            model = self.shard_model(self.precision.wrap_forward(model))
             prepared.append(compile_model(model) if compile_model is not None else model)
         for optimizer in optimizers:  # names in the optimizer's own order: its state's positions in a checkpoint
             self._optimizer_names[id(optimizer)] = [[originals.get(id(p), "") for p in group["params"]]
@@ -113,7 +113,8 @@ class FSDPStrategy(Strategy):
         for optimizer in optimizers:
             _repoint(optimizer, originals, sharded)
 
-    def _shard(self, model: nn.Module) -> nn.Module:
+    def shard_model(self, model: nn.Module) -> nn.Module:
+        """Shard ``model`` in place (wrap units, then the root) and return it."""
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
         if isinstance(model, FSDPModule):

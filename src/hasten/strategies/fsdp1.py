@@ -38,7 +38,8 @@ class FSDP1Strategy(FSDPStrategy):
         layout = self._layouts.get(id(self.unwrap(model)))
         return dict(layout) if layout is not None else super().expected_state_dict(model, keep_vars)
 
-    def _shard(self, model: nn.Module) -> nn.Module:
+    def shard_model(self, model: nn.Module) -> nn.Module:
+        """Wrap ``model`` in ``FullyShardedDataParallel`` (with nested units) and return the wrapper."""
         from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
         if isinstance(model, FullyShardedDataParallel):

@@ -1,9 +1,9 @@
-"""Accelerate's ``accelerate.utils.fsdp_utils`` names. FSDP training is planned, not built yet.
+"""Accelerate's ``accelerate.utils.fsdp_utils`` names.
 
-What needs no FSDP-wrapped model works now: merging a sharded (DCP) checkpoint into one file
-(``merge_fsdp_weights``, CPU only), the RAM-efficient-loading switches for Transformers, the FSDP2 wrap policy,
-grad scaler and name helpers, and ``ensure_weights_retied``. Saving, loading and preparing FSDP models raise
-``NotYetSupportedError``.
+Merging a sharded (DCP) checkpoint into one file (``merge_fsdp_weights``, CPU only), the RAM-efficient-loading
+switches for Transformers, the FSDP2 wrap policy, grad scaler and name helpers and ``ensure_weights_retied`` are
+here; the model and optimizer file functions and the FSDP2 preparation helpers live in ``fsdp_checkpoint_files.py``
+(they work on hasten's FSDP strategy) and are importable from here too.
 """
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ import torch
 from ..config.fsdp import get_module_class_from_name
 from ..logging import get_logger
 from .constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-from .planned import not_yet_supported
+from .fsdp_checkpoint_files import (fsdp2_apply_ac, fsdp2_load_full_state_dict, fsdp2_prepare_model,
+                                    fsdp2_switch_optimizer_parameters, load_fsdp_model, load_fsdp_optimizer,
+                                    save_fsdp_model, save_fsdp_optimizer)
 
 __all__ = [
     "enable_fsdp_ram_efficient_loading", "disable_fsdp_ram_efficient_loading", "save_fsdp_model", "load_fsdp_model",
@@ -31,13 +33,6 @@ __all__ = [
 ]
 
 logger = get_logger(__name__)
-
-_MEANWHILE = "train with DDP (several processes) or on a single device"
-
-
-def _fsdp(what: str):
-    return not_yet_supported(f"FSDP ({what})", _MEANWHILE)
-
 
 # Transformers reads these two variables (``transformers.modeling_utils.is_fsdp_enabled``) to load weights on the
 # first process only; their names are Transformers', not hasten's.
@@ -51,23 +46,6 @@ def enable_fsdp_ram_efficient_loading():
 def disable_fsdp_ram_efficient_loading():
     """Undo ``enable_fsdp_ram_efficient_loading``: every process loads the weights."""
     os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "False"
-
-
-def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True):
-    raise _fsdp("save_fsdp_model")
-
-
-def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index=0, adapter_only=False, use_dcp=True):
-    raise _fsdp("load_fsdp_model")
-
-
-def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True):
-    raise _fsdp("save_fsdp_optimizer")
-
-
-def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index=0, adapter_only=False,
-                        use_dcp=True):
-    raise _fsdp("load_fsdp_optimizer")
 
 
 def _distributed_checkpoint_to_merged_weights(checkpoint_dir, save_path, safe_serialization: bool = True, *,
@@ -146,22 +124,6 @@ def ensure_weights_retied(param_init_fn, model: torch.nn.Module, device: torch.d
         return module
 
     return param_init_fn_tied_param
-
-
-def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False):
-    raise _fsdp("fsdp2_load_full_state_dict")
-
-
-def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping: dict):
-    raise _fsdp("fsdp2_switch_optimizer_parameters")
-
-
-def fsdp2_apply_ac(accelerator, model: torch.nn.Module):
-    raise _fsdp("fsdp2_apply_ac")
-
-
-def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
-    raise _fsdp("fsdp2_prepare_model")
 
 
 def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin, model: torch.nn.Module) -> Callable[[torch.nn.Module], bool] | None:

@@ -1,0 +1,181 @@
+"""Accelerate's FSDP model and optimizer file functions (``save_fsdp_model`` ...), on hasten's FSDP strategy.
+
+They write and read the reference library's names, per the plugin's ``state_dict_type``:
+
+=======================  ===========================================  =========================================
+state_dict_type          model ``i``                                   optimizer ``i``
+=======================  ===========================================  =========================================
+``FULL_STATE_DICT``      ``pytorch_model_fsdp[_i].bin`` (main process)  ``optimizer[_i].bin``, keyed by name
+``SHARDED_STATE_DICT``   ``pytorch_model_fsdp_{i}/`` (DCP, per rank)    ``optimizer_{i}/`` (DCP, per rank)
+=======================  ===========================================  =========================================
+
+``Accelerator.save_state`` / ``load_state`` do all of this atomically, with the rest of the training state; these
+functions are for scripts written against Accelerate's lower-level API. Loading checks names and shapes and reads
+nothing beyond tensors and plain values.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from .planned import not_yet_supported
+
+__all__ = ["save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
+           "fsdp2_load_full_state_dict", "fsdp2_switch_optimizer_parameters", "fsdp2_apply_ac",
+           "fsdp2_prepare_model"]
+
+_MODEL = "pytorch_model_fsdp"
+
+
+def _strategy(accelerator, what: str):
+    from ..strategies.fsdp import FSDPStrategy
+
+    strategy = accelerator.strategy
+    if not isinstance(strategy, FSDPStrategy):
+        raise ValueError(f"{what} works on models prepared with FSDP (Accelerator(fsdp_plugin=...)); this run uses "
+                         f"{type(strategy).__name__}. Use accelerator.save_state / load_state instead.")
+    return strategy
+
+
+def _kind(fsdp_plugin, use_dcp: bool, adapter_only: bool = False) -> str:
+    from torch.distributed.fsdp import StateDictType
+
+    if adapter_only:
+        raise not_yet_supported("adapter-only FSDP checkpoints (adapter_only=True, PEFT)",
+                                "save the whole model (adapter_only=False)")
+    if fsdp_plugin.state_dict_type == StateDictType.FULL_STATE_DICT:
+        return "full"
+    if fsdp_plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT and use_dcp:
+        return "sharded"
+    raise not_yet_supported(f"per-rank torch.save FSDP checkpoints ({fsdp_plugin.state_dict_type.name}, "
+                            f"use_dcp={use_dcp})", "use SHARDED_STATE_DICT with use_dcp=True, or FULL_STATE_DICT")
+
+
+def _numbered(stem: str, index: int, extension: str = ".bin") -> str:
+    return f"{stem}{extension}" if index == 0 else f"{stem}_{index}{extension}"
+
+
+def _load_shards(state: dict, folder: Path) -> None:
+    from ..checkpointing.sharded_io import check_against_metadata, load_shards
+
+    key = next(iter(state))
+    check_against_metadata(folder, state[key], key, True)
+    load_shards(state, folder, allow_partial=False)
+
+
+def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True):
+    """Save ``model``'s weights to ``output_dir`` (collective: call it on every process)."""
+    import torch.distributed.checkpoint as dcp
+
+    strategy = _strategy(accelerator, "save_fsdp_model")
+    kind = _kind(fsdp_plugin, use_dcp, adapter_only)
+    os.makedirs(output_dir, exist_ok=True)
+    if kind == "full":
+        state = strategy.model_state_dict(model, full=True)
+        if accelerator.is_main_process:
+            torch.save(state, Path(output_dir) / _numbered(_MODEL, model_index))
+    else:
+        dcp.save({"model": strategy.sharded_model_state_dict(model)},
+                 checkpoint_id=str(Path(output_dir) / f"{_MODEL}_{model_index}"))
+    accelerator.wait_for_everyone()
+
+
+def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index=0, adapter_only=False, use_dcp=True):
+    """Load weights ``save_fsdp_model`` saved (collective)."""
+    from ..checkpointing.sharded_io import empty_like
+
+    strategy = _strategy(accelerator, "load_fsdp_model")
+    kind = _kind(fsdp_plugin, use_dcp, adapter_only)
+    if kind == "full":
+        path = Path(input_dir) / _numbered(_MODEL, model_index)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    else:
+        folder = Path(input_dir) / f"{_MODEL}_{model_index}"
+        folder = folder if folder.is_dir() else Path(input_dir)  # the model's DCP folder itself
+        state = {"model": empty_like(strategy.sharded_model_state_dict(model))}
+        _load_shards(state, folder)
+        state = state["model"]
+    strategy.load_model_state_dict(model, state)
+    accelerator.wait_for_everyone()
+
+
+def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True):
+    """Save ``optimizer``'s state (which trains ``model``) to ``output_dir`` (collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    from ..checkpointing.optimizer_names import by_name
+
+    strategy = _strategy(accelerator, "save_fsdp_optimizer")
+    kind = _kind(fsdp_plugin, use_dcp)
+    os.makedirs(output_dir, exist_ok=True)
+    if kind == "full":
+        state = strategy.optimizer_state_dict(model, optimizer)
+        if accelerator.is_main_process:  # keyed by name, as the reference library writes it
+            torch.save(by_name(state, strategy.optimizer_parameter_names(model, optimizer)),
+                       Path(output_dir) / _numbered("optimizer", optimizer_index))
+    else:
+        dcp.save({"optimizer": strategy.sharded_optimizer_state_dict(model, optimizer)},
+                 checkpoint_id=str(Path(output_dir) / f"optimizer_{optimizer_index}"))
+    accelerator.wait_for_everyone()
+
+
+def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index=0, adapter_only=False,
+                        use_dcp=True):
+    """Load an optimizer state ``save_fsdp_optimizer`` saved (collective)."""
+    from ..checkpointing.optimizer_names import by_position
+    from ..checkpointing.sharded_io import empty_like
+
+    strategy = _strategy(accelerator, "load_fsdp_optimizer")
+    kind = _kind(fsdp_plugin, use_dcp, adapter_only)
+    if kind == "full":
+        named = torch.load(Path(input_dir) / _numbered("optimizer", optimizer_index), map_location="cpu",
+                           weights_only=True)
+        state = by_position(named, strategy.optimizer_parameter_names(model, optimizer), named["param_groups"])
+    else:
+        folder = Path(input_dir) / f"optimizer_{optimizer_index}"
+        folder = folder if folder.is_dir() else Path(input_dir)
+        state = {"optimizer": empty_like(strategy.sharded_optimizer_state_dict(model, optimizer))}
+        _load_shards(state, folder)
+        state = state["optimizer"]
+    strategy.load_optimizer_state_dict(model, optimizer, state)
+    accelerator.wait_for_everyone()
+
+
+def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False):
+    """Give an FSDP2-sharded ``model`` the full state dict ``full_sd`` of the main process (the others may pass
+    an empty dict): each rank receives its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    # a copy of the mapping: torch replaces its values with the distributed tensors it builds
+    set_model_state_dict(model, dict(full_sd) if accelerator.is_main_process else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                  cpu_offload=cpu_offload))
+    return model
+
+
+def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping: dict):
+    """Point ``optimizer`` at new parameters: ``mapping`` maps an old parameter's ``data_ptr()`` to its new one."""
+    for group in optimizer.param_groups:
+        try:
+            group["params"] = [mapping[param.data_ptr()] for param in group["params"]]
+        except KeyError:
+            raise KeyError("A parameter of the optimizer has no new parameter in `mapping` (keyed by the old "
+                           "parameters' data_ptr()): build the mapping from the model the optimizer was created "
+                           "on, before sharding it.") from None
+
+
+def fsdp2_apply_ac(accelerator, model: torch.nn.Module):
+    """Activation checkpointing on the plugin's wrap units (or the model's children), in place; returns ``model``."""
+    from ..strategies.fsdp_wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
+
+    plugin = _strategy(accelerator, "fsdp2_apply_ac").plugin
+    apply_activation_checkpointing(model, wrap_units(model, wrap_policy(model, plugin)),
+                                   offload=bool(plugin.activation_checkpointing_offload))
+    return model
+
+
+def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """Shard ``model`` in place as ``prepare()`` does (units, then the root); returns it."""
+    return _strategy(accelerator, "fsdp2_prepare_model").shard_model(model)
