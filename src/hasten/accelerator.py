@@ -10,6 +10,7 @@ import collections
 import contextlib
 import functools
 import importlib
+import os
 import sys
 import warnings
 import weakref
@@ -65,6 +66,16 @@ def _precision_for_state(asked: Optional[str], resolved: str) -> Optional[str]:
     return resolved
 
 
+def _expected_world_size() -> int:
+    """The number of processes of this run, before the process group is set up (``WORLD_SIZE`` from the
+    launcher), or the existing state's."""
+    from .state import PartialState
+
+    if PartialState._shared_state:
+        return PartialState().num_processes
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
 def _main_process_only(method):
     """Run an Accelerator method on the main process only; the others get None (the reference's tracker methods)."""
 
@@ -111,6 +122,8 @@ class Accelerator:
         if InitProcessGroupKwargs in self.handlers:
             init_kwargs = {k: v for k, v in self.handlers[InitProcessGroupKwargs].to_kwargs().items() if v is not None}
         parallelism_config = resolve_parallelism_config(parallelism_config)  # argument, else the launcher's
+        if parallelism_config is not None:  # sizes that cannot fit fail before any process group exists
+            ParallelDims.from_config(parallelism_config, _expected_world_size())
         self.state = AcceleratorState(
             mixed_precision=_precision_for_state(mixed_precision, settings.mixed_precision), cpu=settings.cpu,
             dynamo_plugin=settings.dynamo_plugin,

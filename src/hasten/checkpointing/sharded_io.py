@@ -108,6 +108,7 @@ class ShardedCheckpointIO:
              load_kwargs: Optional[dict] = None, device="cpu", strict: bool = True):
         if not (folder / sharded_model_folder(0)).is_dir() and targets.models:
             return read_full_state(strategy, folder, marker, targets, load_kwargs, device, strict)  # full files
+        weights_only = bool((load_kwargs or {}).get("weights_only", True))  # False: a trusted checkpoint
         for hook in list(targets.load_hooks):
             hook(list(targets.models), str(folder))
         rest = dataclasses.replace(targets, models=[], optimizers=[], load_hooks=[])
@@ -117,14 +118,14 @@ class ShardedCheckpointIO:
             template = empty_like(strategy.sharded_model_state_dict(model))
             check_against_metadata(path, template, "model", strict)
             state = {"model": template}
-            load_shards(state, path, allow_partial=not strict)
+            load_shards(state, path, allow_partial=not strict, weights_only=weights_only)
             loaded.models.append((model, state["model"]))
         for index, optimizer in enumerate(targets.optimizers):
             path = self._require(folder, sharded_optimizer_folder(index), f"optimizer {index}")
             template = empty_like(strategy.sharded_optimizer_state_dict(targets.model_of(optimizer), optimizer))
             check_against_metadata(path, template, "optimizer", True)
             state = {"optimizer": template}
-            load_shards(state, path, allow_partial=False)
+            load_shards(state, path, allow_partial=False, weights_only=weights_only)
             loaded.optimizers.append((optimizer, state["optimizer"]))
         return loaded
 
@@ -141,9 +142,15 @@ class ShardedCheckpointIO:
         apply_full_state(strategy, loaded, targets, strict)
 
 
-def load_shards(state: dict, path: Path, allow_partial: bool) -> None:
-    """Read the shards of ``path`` into ``state`` (resharded to this run), unpickling nothing but plain values."""
+def load_shards(state: dict, path: Path, allow_partial: bool, weights_only: bool = True) -> None:
+    """Read the shards of ``path`` into ``state`` (resharded to this run), unpickling nothing but plain values
+    unless ``weights_only=False`` (a checkpoint the caller trusts)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 
+    if not weights_only:
+        dcp.load(state, storage_reader=FileSystemReader(str(path)),
+                 planner=DefaultLoadPlanner(allow_partial_load=allow_partial))
+        return
     dcp.load(state, storage_reader=SafeFileSystemReader(str(path), unsafe_hint=UNSAFE_OPT_IN),
              planner=SafeLoadPlanner(allow_partial_load=allow_partial, unsafe_hint=UNSAFE_OPT_IN))
