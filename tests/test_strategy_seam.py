@@ -2,6 +2,8 @@
 checkpoint IO to its strategy, hands checkpointing one explicit CheckpointTargets, and lets no backend that does
 not exist yet be selected silently (plugin argument, launcher environment, config file or ParallelismConfig)."""
 import json
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -257,3 +259,14 @@ def test_the_launchers_parallelism_flags_reach_the_accelerator(tmp_path):
     result = run_launch(script, num_processes=2, launch_args=["--parallelism_config_dp_replicate_size", "2"])
     assert "LAYOUT 0 2 ('dp_replicate',) DDPStrategy" in result.stdout, result.stdout
     assert "LAYOUT 1 2 ('dp_replicate',) DDPStrategy" in result.stdout
+
+
+def test_importing_the_accelerator_leaves_dcp_and_dtensor_unimported():
+    """Importing torch.distributed.checkpoint / DTensor changes torch's thread-local state that gloo's work items
+    capture; a DDP model freed after destroy_process_group then deadlocked at exit (1 run in 4 of Accelerate's
+    test_sync.py). Only sharded backends and DCP checkpoints import them, when used."""
+    code = ("import sys\nfrom hasten import Accelerator\nimport hasten.checkpointing, hasten.strategies\n"
+            "loaded = [m for m in sys.modules if m.startswith(('torch.distributed.checkpoint', "
+            "'torch.distributed.tensor'))]\nprint(loaded)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

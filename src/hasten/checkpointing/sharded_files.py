@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..utils.safe_dcp import read_dcp_checkpoint
 from .errors import CorruptCheckpointError
 from .optimizer_names import by_position
 from .safe_load import UNSAFE_OPT_IN
@@ -22,6 +21,8 @@ def is_sharded_folder(path: Path) -> bool:
 
 
 def _entry(path: Path, key: str, weights_only: bool) -> dict:
+    from ..utils.safe_dcp import read_dcp_checkpoint  # torch.distributed.checkpoint: only when a DCP folder is read
+
     state = read_dcp_checkpoint(path, weights_only=weights_only, unsafe_hint=UNSAFE_OPT_IN)
     if not isinstance(state.get(key), dict):
         raise CorruptCheckpointError(f"{path} is a sharded checkpoint without a {key!r} entry (it holds "

@@ -82,45 +82,34 @@ class SafeFileSystemReader(FileSystemReader):
         return metadata
 
 
-class SafeEmptyStateDictLoadPlanner(_EmptyStateDictLoadPlanner):
+class _PlainValuesOnly:
+    """A DCP load planner's ``load_bytes`` that reads non-tensor entries with ``weights_only=True`` (mixed into
+    torch's planners below)."""
+
+    def __init__(self, *args, unsafe_hint: str = "weights_only=False", **kwargs):
+        super().__init__(*args, **kwargs)
+        self._unsafe_hint = unsafe_hint
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as error:
+            named = re.search(r"GLOBAL ([\w.]+)", str(error))
+            what = f"an object of {named.group(1)}" if named else "Python objects beyond plain values"
+            raise _refuse(f"Checkpoint entry {read_item.dest_index.fqn!r} holds {what}", self._unsafe_hint) from None
+        if self.flatten_state_dict:  # what torch's planner does with the value, without its torch.load
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+class SafeEmptyStateDictLoadPlanner(_PlainValuesOnly, _EmptyStateDictLoadPlanner):
     """The planner that fills an empty state dict, reading non-tensor entries with ``weights_only=True``."""
 
-    def __init__(self, *args, unsafe_hint: str = "weights_only=False", **kwargs):
-        super().__init__(*args, **kwargs)
-        self._unsafe_hint = unsafe_hint
 
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        try:
-            loaded = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as error:
-            named = re.search(r"GLOBAL ([\w.]+)", str(error))
-            what = f"an object of {named.group(1)}" if named else "Python objects beyond plain values"
-            raise _refuse(f"Checkpoint entry {read_item.dest_index.fqn!r} holds {what}", self._unsafe_hint) from None
-        if self.flatten_state_dict:  # what the parent planner does with the value, without its torch.load
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded
-
-
-class SafeLoadPlanner(DefaultLoadPlanner):
+class SafeLoadPlanner(_PlainValuesOnly, DefaultLoadPlanner):
     """torch's ``DefaultLoadPlanner`` (loading into an existing state dict, resharding to this run's layout) whose
     non-tensor entries load with ``weights_only=True``."""
-
-    def __init__(self, *args, unsafe_hint: str = "weights_only=False", **kwargs):
-        super().__init__(*args, **kwargs)
-        self._unsafe_hint = unsafe_hint
-
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        try:
-            loaded = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as error:
-            named = re.search(r"GLOBAL ([\w.]+)", str(error))
-            what = f"an object of {named.group(1)}" if named else "Python objects beyond plain values"
-            raise _refuse(f"Checkpoint entry {read_item.dest_index.fqn!r} holds {what}", self._unsafe_hint) from None
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded
 
 
 def read_dcp_checkpoint(checkpoint_dir, *, weights_only: bool = True, unsafe_hint: str = "weights_only=False") -> dict:
