@@ -251,11 +251,12 @@ def test_the_data_parallel_layout_and_per_rank_checkpoint_files_on_two_processes
 def test_the_launchers_parallelism_flags_reach_the_accelerator(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
-        "from hasten import Accelerator\n"
+        "import os\nfrom hasten import Accelerator\n"
         "accelerator = Accelerator(cpu=True)\n"
         "config, mesh = accelerator.parallelism_config, accelerator.torch_device_mesh\n"
-        "print('LAYOUT', accelerator.process_index, config.dp_replicate_size, mesh.mesh_dim_names, "
-        "type(accelerator.strategy).__name__)\n")
+        "line = ' '.join(map(str, ['LAYOUT', accelerator.process_index, config.dp_replicate_size, "
+        "mesh.mesh_dim_names, type(accelerator.strategy).__name__])) + '\\n'\n"
+        "os.write(1, line.encode())  # one write: the two processes' lines never interleave\n")
     result = run_launch(script, num_processes=2, launch_args=["--parallelism_config_dp_replicate_size", "2"])
     assert "LAYOUT 0 2 ('dp_replicate',) DDPStrategy" in result.stdout, result.stdout
     assert "LAYOUT 1 2 ('dp_replicate',) DDPStrategy" in result.stdout
