@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["clean_name", "parameter_names", "by_position", "by_name", "is_local_state"]
+__all__ = ["clean_name", "parameter_names", "by_position", "by_name", "is_shard", "is_local_state"]
 
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
@@ -59,10 +59,14 @@ def by_name(positional: dict, names: list[list[str]]) -> dict:
     return {"state": state, "param_groups": groups}
 
 
+def is_shard(value) -> bool:
+    """Whether ``value`` is one rank's part of a tensor: a DTensor (FSDP2) or a ShardedTensor (FSDP1)."""
+    return hasattr(value, "device_mesh") or type(value).__name__ == "ShardedTensor"
+
+
 def is_local_state(state: dict) -> bool:
     """Whether an optimizer state holds this rank's shards keyed by name (a sharded checkpoint's): string keys
-    and DTensor / ShardedTensor values."""
+    and shard values."""
     entries = state.get("state", {})
     return bool(entries) and all(isinstance(key, str) for key in entries) and any(
-        hasattr(value, "device_mesh") or type(value).__name__ == "ShardedTensor"
-        for entry in entries.values() for value in (entry.values() if isinstance(entry, dict) else ()))
+        is_shard(value) for entry in entries.values() for value in (entry.values() if isinstance(entry, dict) else ()))

@@ -45,6 +45,7 @@ class Strategy:
         self.state = state
         self.handlers = kwargs_handlers or {}
         self._dims = dims
+        self._data_view = None  # the data-parallel group's ProcessView (data_processes), under model parallelism
         self.precision = self.create_precision()
 
     # ------------------------------------------------------------ precision and layout
@@ -71,10 +72,12 @@ class Strategy:
         layout = self.layout
         if layout.dp_size == self.state.num_processes:
             return None
-        from ..utils.process_view import ProcessView
+        if self._data_view is None:  # built once: gathers and reductions ask for it at every call
+            from ..utils.process_view import ProcessView
 
-        layout.build_mesh(self.state.device.type)
-        return ProcessView.of_group(layout.dp_group, self.state)
+            layout.build_mesh(self.state.device.type)
+            self._data_view = ProcessView.of_group(layout.dp_group, self.state)
+        return self._data_view
 
     @property
     def data_parallel_size(self) -> int:

@@ -17,7 +17,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..checkpointing.optimizer_names import by_name, by_position, clean_name, is_local_state, parameter_names
+from ..checkpointing.optimizer_names import (by_name, by_position, clean_name, is_local_state, is_shard,
+                                             parameter_names)
 from ..config.enums import DistributedType
 from .base import Strategy
 from .fsdp_wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
@@ -190,10 +191,9 @@ class FSDPStrategy(Strategy):
         inner = getattr(optimizer, "optimizer", optimizer)
         return self._optimizer_names.get(id(inner)) or parameter_names(self.unwrap(model), inner)
 
-    _names = optimizer_parameter_names
 
     def optimizer_group_sizes(self, model, optimizer) -> list:
-        return [len(group) for group in self._names(_required(model, optimizer), optimizer)]
+        return [len(group) for group in self.optimizer_parameter_names(_required(model, optimizer), optimizer)]
 
     def model_state_dict(self, model: nn.Module, full: bool = True) -> dict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -220,7 +220,7 @@ class FSDPStrategy(Strategy):
         """A full state dict (plain tensors) or this rank's shards (from a sharded checkpoint)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        sharded = any(_is_shard(value) for value in state_dict.values())
+        sharded = any(is_shard(value) for value in state_dict.values())
         return set_model_state_dict(self._state_dict_module(model), state_dict,
                                     options=StateDictOptions(full_state_dict=not sharded, strict=strict))
 
@@ -230,7 +230,7 @@ class FSDPStrategy(Strategy):
         inner = getattr(optimizer, "optimizer", optimizer)
         module = self._state_dict_module(_required(model, optimizer))
         named = get_optimizer_state_dict(module, inner, options=self._options(cpu_offload=True))
-        return by_position(named, self._names(model, inner), inner.param_groups)
+        return by_position(named, self.optimizer_parameter_names(model, inner), inner.param_groups)
 
     def load_optimizer_state_dict(self, model: Optional[nn.Module], optimizer, state_dict: dict) -> None:
         """A full state laid out by position (full files), or this rank's shards keyed by name (sharded files)."""
@@ -241,15 +241,10 @@ class FSDPStrategy(Strategy):
         if is_local_state(state_dict):
             set_optimizer_state_dict(module, inner, state_dict, options=StateDictOptions(full_state_dict=False))
             return
-        set_optimizer_state_dict(module, inner, by_name(state_dict, self._names(model, inner)),
-                                 options=self._options())
+        named = by_name(state_dict, self.optimizer_parameter_names(model, inner))
+        set_optimizer_state_dict(module, inner, named, options=self._options())
         for live, saved in zip(inner.param_groups, state_dict["param_groups"]):  # hyperparameters as saved
             live.update({key: value for key, value in saved.items() if key != "params"})  # (tuples stay tuples)
-
-
-def _is_shard(value) -> bool:
-    """A DTensor (FSDP2) or a ShardedTensor (FSDP1): this rank's part of a tensor."""
-    return hasattr(value, "device_mesh") or type(value).__name__ == "ShardedTensor"
 
 
 def _checkpoint_io(plugin):

@@ -150,7 +150,9 @@ class FSDP1Strategy(FSDPStrategy):
         module = self._state_dict_module(_required(model, optimizer))
         with self._full_context(model):
             named = FSDP.optim_state_dict(module, inner)
-        return by_position(named, self._names(model, inner), inner.param_groups) if self.state.is_main_process else {}
+        if not self.state.is_main_process:
+            return {}
+        return by_position(named, self.optimizer_parameter_names(model, inner), inner.param_groups)
 
 
 def _meta_copy(state: dict) -> dict:
