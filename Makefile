@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP := $(VENV)/.installed-test
-TEST_EXTRAS ?= test,reference,stateful,fp8
+TEST_EXTRAS ?= test,reference,stateful,fp8,deepspeed
 
 .PHONY: demo test test-unit test-distributed bench venv clean
 
@@ -27,6 +27,9 @@ $(TEST_STAMP): $(RUNTIME_STAMP)
 
 demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/hasten launch -n 2 examples/demo.py
+
+# DeepSpeed compiles its CPU ops on first use: once per build folder (one CI run), then reused
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/build/torch_extensions
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest tests

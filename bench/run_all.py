@@ -4,8 +4,9 @@
 
 Each benchmark runs in its own Python process (one that initialises torch.distributed or changes
 global state cannot disturb the next). The convention: `main()`, callable without arguments, returns
-the rows of `harness.compare`. A file without such a `main()` is run as a script and its printed output
-is kept instead. A benchmark that fails is reported and the others still run; the exit status is then 1.
+the rows of `harness.compare`, or rows of a measure with its `value` and `ratio` (bench_fsdp, bench_deepspeed).
+A file without such a `main()` is run as a script and its printed output is kept instead. A benchmark that
+fails is reported and the others still run; the exit status is then 1.
 """
 from __future__ import annotations
 
@@ -99,6 +100,22 @@ def machine_summary() -> str:
             f"{cores} usable CPU cores, {gpus} GPU(s)")
 
 
+def rows_markdown(rows: list) -> str:
+    """Rows as Markdown: ``harness.compare`` rows (timed variants) as its tables; rows that carry a measured
+    ``value`` and a ``ratio`` instead (bench_fsdp, bench_deepspeed) as one table of measure, value and ratio."""
+    timed = [row for row in rows if "median_s" in row]
+    measured = [row for row in rows if "median_s" not in row]
+    blocks = [to_markdown(timed)] if timed else []
+    if measured:
+        lines = ["| measure | variant | value | ratio |", "|---|---|---|---|"]
+        for row in measured:
+            ratio = "-" if row.get("ratio") is None else f"{row['ratio']:.2f}x"
+            cells = [row["benchmark"].strip(), row.get("variant", ""), row.get("value", ""), ratio]
+            lines.append("| " + " | ".join(cells) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def write_markdown(results: dict, output: Path) -> None:
     lines = ["# Benchmark results", "",
              f"Measured {datetime.date.today().isoformat()} on {machine_summary()} with `python bench/run_all.py`.",
@@ -107,7 +124,7 @@ def write_markdown(results: dict, output: Path) -> None:
     for name, result in results.items():
         lines += [f"## {name}", ""]
         if result.get("rows"):
-            lines += [to_markdown(result["rows"]), ""]
+            lines += [rows_markdown(result["rows"]), ""]
         elif result.get("output"):
             if result.get("error"):
                 lines += [f"_failed: {result['error']}_", ""]

@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# DeepSpeed compiles its CPU ops on first use: into the build folder, once, reused by every launched test
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[1] / "build" / "torch_extensions"))
 
 # Tests must never think they were launched: drop launcher variables inherited from a shell (and Accelerate's
 # ACCELERATE_* aliases of the HASTEN_* ones).

@@ -13,27 +13,12 @@ import pytest
 import yaml
 
 from helpers import ROOT, clean_env
+from launch_fixtures import no_launch, script  # noqa: F401 - pytest fixtures
 from hasten.commands import cli
 from hasten.commands import launch as launch_command
 from hasten.commands.errors import CommandError
 from hasten.commands.launch_plan import RUNNER_MODULE, build_plan
 from hasten.commands.launch import launch_command_parser, load_launch_config
-
-
-@pytest.fixture
-def script(tmp_path):
-    path = tmp_path / "train.py"
-    path.write_text("print('hello')\n")
-    return str(path)
-
-
-@pytest.fixture
-def no_launch(monkeypatch):
-    """Fail the test if anything would really be launched."""
-    def refuse(plan):
-        raise AssertionError(f"nothing should have been launched: {plan}")
-
-    monkeypatch.setattr(launch_command, "execute", refuse)
 
 
 def plan_for(argv, config=None, config_path=None, **machine):

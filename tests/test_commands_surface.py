@@ -443,6 +443,25 @@ def test_launch_helpers_build_what_hasten_launch_runs(script):
     assert filtered.training_script == script and env["HASTEN_MIXED_PRECISION"] == "bf16"
 
 
+def test_prepare_deepspeed_cmd_env_builds_the_deepspeed_launch(script, tmp_path):
+    from hasten.commands.launch import launch_command_parser
+    from hasten.utils.launch import prepare_deepspeed_cmd_env
+
+    args = launch_command_parser().parse_args(["-n", "2", "--zero_stage", "3", script])
+    command, env = prepare_deepspeed_cmd_env(args)  # one machine: torchrun's agent, DeepSpeed switched on
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert env["HASTEN_USE_DEEPSPEED"] == "true" and env["HASTEN_DEEPSPEED_ZERO_STAGE"] == "3"
+    pytest.importorskip("deepspeed")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
+    args = launch_command_parser().parse_args(
+        ["--num_machines", "2", "-n", "2", "--main_process_ip", "10.0.0.1", "--use_deepspeed",
+         "--deepspeed_hostfile", str(hostfile), "--deepspeed_multinode_launcher", "pdsh", script])
+    command, env = prepare_deepspeed_cmd_env(args)  # several machines: DeepSpeed's own runner
+    assert command[1:4] == ["-u", "-m", "deepspeed.launcher.runner"] and "--hostfile" in command
+    assert command[command.index("--launcher") + 1] == "pdsh" and env["HASTEN_USE_DEEPSPEED"] == "true"
+
+
 def test_launch_helpers_of_missing_backends_and_small_helpers(script, monkeypatch):
     from hasten.utils import launch
 
@@ -450,8 +469,7 @@ def test_launch_helpers_of_missing_backends_and_small_helpers(script, monkeypatc
     assert launch.setup_fp8_env(args, {"A": "1"}) == {"A": "1"}
     with pytest.raises(NotYetSupportedError, match="--fp8_margin"):
         launch.setup_fp8_env(argparse.Namespace(fp8_margin=2), {})
-    for call in (lambda: launch.prepare_deepspeed_cmd_env(args), lambda: launch.prepare_tpu(args, {}),
-                 lambda: launch.prepare_sagemager_args_inputs(None, args)):
+    for call in (lambda: launch.prepare_tpu(args, {}), lambda: launch.prepare_sagemager_args_inputs(None, args)):
         with pytest.raises(NotYetSupportedError):
             call()
     monkeypatch.setenv("MY_PATH", os.pathsep.join(["/a", "", "/b"]))

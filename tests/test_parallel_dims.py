@@ -14,8 +14,8 @@ import pytest
 from hasten.commands import cli
 from hasten.commands import launch as launch_command
 from hasten.commands.errors import CommandError
-from hasten.commands.launch import launch_command_parser
-from hasten.commands.launch_plan import build_plan
+
+from launch_fixtures import plan_for, script  # noqa: F401 - pytest fixtures
 from hasten.config.env_aliases import ConfigConflictError
 from hasten.config.parallelism import SIZE_FIELDS, check_size_combination
 from hasten.parallel import ParallelDims, ParallelismConfig, launcher_parallel_sizes, resolve_parallelism_config
@@ -217,19 +217,6 @@ def test_parallelism_config_from_the_real_environment_and_its_mesh_delegation(mo
 
 
 # ------------------------------------------------------------------------------------------ launcher and config file
-@pytest.fixture
-def script(tmp_path):
-    path = tmp_path / "train.py"
-    path.write_text("print('hello')\n")
-    return str(path)
-
-
-def plan_for(argv, config=None, config_path=None):
-    args = launch_command_parser().parse_args(argv)
-    return build_plan(args, config, config_path, environ={}, cpu_count=8, count_accelerators=lambda: 0,
-                      find_free_port=lambda: 41234, is_port_in_use=lambda port, host: False)
-
-
 def parallel_env(plan) -> dict:
     return {key: value for key, value in plan.env.items() if "PARALLELISM_CONFIG" in key}
 

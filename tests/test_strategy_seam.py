@@ -28,7 +28,8 @@ class Recording(SingleDeviceStrategy):
         super().__init__(*args, **kwargs)
         self.calls = []
 
-    def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None):
+    def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
+                         **context):
         self.calls.append(("prepare_training", len(models), len(optimizers), compile_model is not None))
         return super().prepare_training(models, optimizers, device_placement, evaluation_mode, compile_model)
 
@@ -197,8 +198,7 @@ def test_the_transaction_wraps_a_strategys_own_files(tmp_path):
 
 # ------------------------------------------------------------------------------------------ backend selection
 @pytest.mark.parametrize("variable, label", [
-    ("HASTEN_USE_DEEPSPEED", "DeepSpeed"),
-    ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"), ("HASTEN_USE_MEGATRON_LM", "Megatron-LM"),
+    ("HASTEN_USE_MEGATRON_LM", "Megatron-LM"), ("ACCELERATE_USE_MEGATRON_LM", "Megatron-LM"),
 ])
 def test_the_launchers_backend_switch_is_refused_until_the_backend_exists(monkeypatch, variable, label):
     monkeypatch.setenv(variable, "true")
@@ -233,14 +233,14 @@ def test_a_parallelism_config_that_does_not_fit_the_processes_names_both():
 
 
 def test_a_config_file_selecting_an_unbuilt_backend_fails_the_launched_script(tmp_path):
-    config = tmp_path / "fsdp.yaml"
-    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\nnum_processes: 1\n"
+    config = tmp_path / "megatron.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MEGATRON_LM\nnum_processes: 1\n"
                       "use_cpu: true\n")
     script = tmp_path / "train.py"
     script.write_text("from hasten import Accelerator\nAccelerator()\nprint('TRAINED WITH DDP')\n")
     result = run_launch(script, num_processes=None, launch_args=["--config_file", str(config)], check=False)
     assert result.returncode != 0 and "TRAINED WITH DDP" not in result.stdout
-    assert "NotYetSupportedError" in result.stderr and "DeepSpeed" in result.stderr
+    assert "NotYetSupportedError" in result.stderr and "Megatron" in result.stderr
 
 
 def test_the_data_parallel_layout_and_per_rank_checkpoint_files_on_two_processes(tmp_path):

@@ -149,6 +149,8 @@ class Accelerator:
         self.rng_types = settings.rng_types
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.gradient_state = GradientState(gradient_accumulation_plugin=settings.gradient_accumulation_plugin)
+        # a backend's config may set the accumulation steps too (DeepSpeed's): one value, or an error naming both
+        self.gradient_accumulation_steps = self.strategy.accumulation_steps(self.gradient_accumulation_steps)
         self._accumulator = GradientAccumulator(self.gradient_state, self.strategy, self.num_processes == 1)
         self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
         self._custom_objects = []
@@ -379,6 +381,9 @@ class Accelerator:
         result = list(args)
         fresh = [i for i, obj in enumerate(args) if self._kind(obj) is not None and not self._is_prepared(obj)]
         kinds = {i: self._kind(args[i]) for i in fresh}
+        # a backend refuses what it cannot take before anything is prepared
+        self.strategy.check_prepare(*([args[i] for i in fresh if kinds[i] == kind]
+                                      for kind in ("model", "optimizer", "scheduler")))
 
         for i in fresh:
             if kinds[i] == "data_loader":
@@ -391,6 +396,7 @@ class Accelerator:
                 [args[i] for i in model_ids], [args[i] for i in optimizer_ids],
                 [self._placement(device_placement[i]) for i in model_ids],
                 [self._placement(device_placement[i]) for i in optimizer_ids],
+                schedulers=[args[i] for i in fresh if kinds[i] == "scheduler"],
             )
             for i, model in zip(model_ids, models):
                 result[i] = model
@@ -405,11 +411,13 @@ class Accelerator:
     @staticmethod
     def _kind(obj) -> Optional[str]:
         """What prepare() does with ``obj``; None: nothing (it is returned as given, as Accelerate does)."""
+        from .utils.deepspeed import DummyOptim, DummyScheduler
+
         if isinstance(obj, nn.Module):
             return "model"
-        if isinstance(obj, torch.optim.Optimizer):
+        if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
             return "optimizer"
-        if isinstance(obj, _LR_SCHEDULER_TYPES) or isinstance(obj, AcceleratedScheduler):
+        if isinstance(obj, (_LR_SCHEDULER_TYPES, AcceleratedScheduler, DummyScheduler)):
             return "scheduler"
         if isinstance(obj, torch.utils.data.DataLoader):
             return "data_loader"
@@ -426,7 +434,8 @@ class Accelerator:
         self._prepared.add(obj)
         return obj
 
-    def _prepare_training(self, models, optimizers, model_placement, optimizer_placement, evaluation_mode=False):
+    def _prepare_training(self, models, optimizers, model_placement, optimizer_placement, evaluation_mode=False,
+                          schedulers=()):
         originals = list(models) + list(optimizers)
         if optimizers and not models and self.strategy.prepares_models_with_optimizers:
             raise ValueError(
@@ -437,8 +446,11 @@ class Accelerator:
         self._check_optimizers_belong_to_models(models, optimizers)
         models, raw_optimizers = self.strategy.prepare_training(
             models, optimizers, model_placement, evaluation_mode,
-            compile_model=lambda model: apply_dynamo_plugin(model, self.dynamo_plugin))
-        wrapped = [AcceleratedOptimizer(opt, device_placement=place, scaler=self.scaler)
+            compile_model=lambda model: apply_dynamo_plugin(model, self.dynamo_plugin),
+            data_loaders=list(self._dataloaders), schedulers=list(schedulers),
+            accumulation_steps=self.gradient_accumulation_steps)
+        wrapped = [opt if isinstance(opt, AcceleratedOptimizer)  # a backend's own wrapper (DeepSpeed's)
+                   else AcceleratedOptimizer(opt, device_placement=place, scaler=self.scaler)
                    for opt, place in zip(raw_optimizers, optimizer_placement)]
         for original in originals:
             self._prepared.add(original)
@@ -452,6 +464,8 @@ class Accelerator:
         if not known:
             return  # no model prepared yet: nothing to compare with
         for optimizer in optimizers:
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                continue  # a DummyOptim: the DeepSpeed config's optimizer, built on the model's parameters
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if params and not any(id(p) in known for p in params):
                 get_logger(__name__).warning(
@@ -484,7 +498,8 @@ class Accelerator:
         if self._is_prepared(scheduler):
             return scheduler
         target = getattr(scheduler, "optimizer", None)
-        optimizers = [opt for opt in self._optimizers if opt.optimizer is target or opt is target]
+        optimizers = [opt for opt in self._optimizers if opt.optimizer is target or opt is target
+                      or getattr(opt, "client_optimizer", None) is target]
         if target is not None and not optimizers:
             raise ValueError(
                 "The scheduler's optimizer has not been prepared: pass the optimizer to prepare() together with (or "
@@ -500,6 +515,10 @@ class Accelerator:
                 "DataLoaderConfiguration(split_batches=True) for one scheduler step per optimizer step.",
                 self.num_processes,
             )
+        owned = self.strategy.engine_scheduler_for(scheduler, optimizers)
+        if owned is not None:  # a scheduler a backend's engine built and steps itself (DeepSpeed's DummyScheduler)
+            self._prepared.add(scheduler)
+            return self._remember(owned, self._schedulers)
         wrapped = AcceleratedScheduler(scheduler, optimizers or self._optimizers,
                                        step_with_optimizer=self.step_scheduler_with_optimizer,
                                        split_batches=split_batches)
@@ -545,8 +564,10 @@ class Accelerator:
             )
         if num_items_in_batch is not None and float(num_items_in_batch) <= 0:
             raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch!r}.")
-        # normalisation (accumulation, items over the data-parallel ranks), fp16 scaling: the strategy's
-        self.strategy.backward(loss, self._models[0] if len(self._models) == 1 else None,
+        # normalisation (accumulation, items over the data-parallel ranks), fp16 scaling: the strategy's. model=:
+        # which prepared model the loss came from, when several engines train (DeepSpeed)
+        model = kwargs.pop("model", None) or (self._models[0] if len(self._models) == 1 else None)
+        self.strategy.backward(loss, model,
                                accumulation_steps=self.gradient_accumulation_steps,
                                num_items_in_batch=num_items_in_batch, **kwargs)
 
@@ -788,6 +809,7 @@ class Accelerator:
         self._dataloaders.clear()
         self._prepared.clear()
         self._accumulator.step = 0
+        self.strategy.forget()
         return release_memory(*objects)
 
     def clear(self, *objects):

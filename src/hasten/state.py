@@ -24,7 +24,6 @@ from .config.env_aliases import get_flag_setting, get_setting
 from .config.resolution import resolve
 from .utils.environment import get_int_from_env, is_debug_mode, parse_flag_from_env
 from .utils.imports import is_torch_xla_available
-from .utils.planned import not_yet_supported
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized", "SharedDict",
            "ThreadLocalSharedDict", "do_nothing"]
@@ -460,17 +459,33 @@ class AcceleratorState:
     @property
     def deepspeed_plugin(self):
         """The active ``DeepSpeedPlugin``; None when DeepSpeed is not in use."""
-        if self.distributed_type != DistributedType.DEEPSPEED:
+        if self.distributed_type != DistributedType.DEEPSPEED or self.deepspeed_plugins is None:
             return None
-        raise not_yet_supported("DeepSpeed", "train with DDP")
+        plugins = self.deepspeed_plugins
+        if not isinstance(plugins, dict):
+            return plugins
+        return next((plugin for plugin in plugins.values() if plugin.selected), None)
 
     def get_deepspeed_plugin(self, name: str):
         """The ``DeepSpeedPlugin`` registered under ``name`` (several plugins: ``Accelerator(deepspeed_plugins={...})``)."""
-        raise not_yet_supported("DeepSpeed (get_deepspeed_plugin)", "train with DDP")
+        plugins = self.deepspeed_plugins
+        if not isinstance(plugins, dict) or name not in plugins:
+            known = sorted(plugins) if isinstance(plugins, dict) else []
+            raise ValueError(f"No DeepSpeedPlugin is registered under {name!r}; the registered names are {known} "
+                             "(Accelerator(deepspeed_plugins={name: DeepSpeedPlugin(...)})).")
+        return plugins[name]
 
     def select_deepspeed_plugin(self, name: Optional[str] = None):
-        """Make the ``DeepSpeedPlugin`` registered under ``name`` the active one."""
-        raise not_yet_supported("DeepSpeed (select_deepspeed_plugin)", "train with DDP")
+        """Make the ``DeepSpeedPlugin`` registered under ``name`` the active one: the next ``prepare`` builds its
+        engine with it."""
+        plugins = self.deepspeed_plugins
+        if not isinstance(plugins, dict):
+            raise ValueError("select_deepspeed_plugin needs several named plugins: Accelerator(deepspeed_plugins="
+                             "{'student': DeepSpeedPlugin(...), 'teacher': DeepSpeedPlugin(...)}).")
+        chosen = self.get_deepspeed_plugin(name)
+        for plugin in plugins.values():
+            plugin._unselect()
+        chosen.select(_from_accelerator_state=True)
 
     # ------------------------------------------------------------------ the process (PartialState's answers)
     @property

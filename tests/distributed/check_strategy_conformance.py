@@ -14,6 +14,7 @@ Prints ``CONFORMANCE PASSED <strategy>``.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -23,7 +24,9 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
+from hasten import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, ParallelismConfig
+from hasten.checkpointing.deepspeed_reader import deepspeed_parameter_names, read_deepspeed_checkpoint
+from hasten.checkpointing.optimizer_names import by_name, by_position
 from hasten.checkpointing.sharded_files import model_weights_from_shards, optimizer_state_from_shards
 from hasten.utils import set_seed
 
@@ -44,12 +47,27 @@ STRATEGIES = {
         fsdp_version=1, use_orig_params=True, state_dict_type="SHARDED_STATE_DICT")}, "FSDP1Strategy"),
     "hsdp": (4, {"parallelism_config": ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)}, "FSDPStrategy"),
 }
+# DeepSpeed ZeRO 0-3, fp32 and bf16 (16-bit weights, fp32 master weights and moments), optimizer and parameter
+# offload to the CPU (DeepSpeedCPUAdam); each engine writes its own checkpoint (pytorch_model/). Only with the
+# deepspeed extra installed (make test installs it).
+if importlib.util.find_spec("deepspeed"):
+    for _stage in (0, 1, 2, 3):
+        STRATEGIES[f"zero{_stage}"] = (2, {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=_stage)},
+                                       "DeepSpeedStrategy")
+    for _stage in (0, 1, 2, 3):
+        STRATEGIES[f"zero{_stage}_bf16"] = (2, {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=_stage),
+                                                "mixed_precision": "bf16"}, "DeepSpeedStrategy")
+    STRATEGIES["zero2_offload"] = (2, {"deepspeed_plugin": DeepSpeedPlugin(
+        zero_stage=2, offload_optimizer_device="cpu")}, "DeepSpeedStrategy")
+    STRATEGIES["zero3_offload"] = (2, {"deepspeed_plugin": DeepSpeedPlugin(
+        zero_stage=3, offload_optimizer_device="cpu", offload_param_device="cpu")}, "DeepSpeedStrategy")
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32 on CPU; only the reduction order differs between strategies
 # bf16 compute and gradient reduction (8 bits of mantissa), 6 AdamW steps: losses within 2% of fp32 PyTorch's;
 # weights within lr x steps / 2, because AdamW moves a coordinate whose gradient is near zero by up to lr per
 # step whichever way rounding tips its sign.
 BF16_LOSSES, BF16_WEIGHTS = dict(rtol=2e-2, atol=2e-3), dict(rtol=0.0, atol=0.02 * 6 / 2)
-TOLERANCES = {"fsdp2_bf16": (BF16_LOSSES, BF16_WEIGHTS)}
+TOLERANCES = {"fsdp2_bf16": (BF16_LOSSES, BF16_WEIGHTS),
+              **{f"zero{stage}_bf16": (BF16_LOSSES, BF16_WEIGHTS) for stage in (0, 1, 2, 3)}}
 SAMPLES, MICRO_BATCH, ACCUMULATION, MAX_NORM = 96, 4, 2, 0.5
 
 
@@ -143,9 +161,9 @@ def main(strategy: str, work: Path, load_from: str | None) -> None:
     trained = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         for name, value in reference.state_dict().items():
-            check(close(trained[name].cpu(), value, weight_tolerance),
+            check(close(trained[name].cpu().float(), value, weight_tolerance),
                   f"parameter {name} differs from single-process PyTorch's by "
-                  f"{(trained[name].cpu() - value).abs().max().item():.2e}", accelerator)
+                  f"{(trained[name].cpu().float() - value).abs().max().item():.2e}", accelerator)
     print(f"ok: {strategy} matches single-process PyTorch ({len(losses)} steps)", flush=True)
 
     # evaluation: every sample exactly once, in order
@@ -167,6 +185,8 @@ def saved_weights(folder: Path) -> dict:
     """Model 0's full weights in a checkpoint: full files, or the shards a sharded strategy wrote."""
     if (folder / "model.safetensors").is_file():
         return load_file(str(folder / "model.safetensors"))
+    if (folder / "pytorch_model").is_dir():  # a DeepSpeed engine's own checkpoint (fp32 master weights)
+        return read_deepspeed_checkpoint(folder / "pytorch_model", with_optimizer=False)[0]
     return model_weights_from_shards(folder / "pytorch_model_fsdp_0")
 
 
@@ -174,6 +194,10 @@ def saved_optimizer(folder: Path, names: list) -> dict:
     """Optimizer 0's full state in a checkpoint, laid out as ``optimizer.state_dict()`` (``names``: its parameters')."""
     if (folder / "optimizer.bin").is_file():
         return torch.load(folder / "optimizer.bin", weights_only=True)
+    if (folder / "pytorch_model").is_dir():
+        state = read_deepspeed_checkpoint(folder / "pytorch_model")[1]
+        return by_position(by_name(state, deepspeed_parameter_names(folder / "pytorch_model")), names,
+                           state["param_groups"])
     return optimizer_state_from_shards(folder / "optimizer_0", names)
 
 
@@ -182,11 +206,13 @@ def check_loads(accelerator, folder: Path, strategy: str, other: str) -> None:
     optimizer state and schedule with those the checkpoint holds (full files or shards, whichever it has)."""
     accelerator.free_memory()  # forget the objects trained above: the fresh ones take their places
     model, optimizer, scheduler = fresh_objects()
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    # prepare a loader too: the checkpoint holds one loader's position
-    accelerator.prepare(DataLoader(TensorDataset(*data()), batch_size=MICRO_BATCH))
+    # a loader too: the checkpoint holds one loader's position (and DeepSpeed sizes its batches from it)
+    model, optimizer, scheduler, _ = accelerator.prepare(
+        model, optimizer, scheduler, DataLoader(TensorDataset(*data()), batch_size=MICRO_BATCH))
     accelerator.load_state(folder)
-    weights = accelerator.get_state_dict(model)
+    # DeepSpeed: the fp32 master weights (the module's own may be 16-bit copies of them)
+    master = getattr(accelerator.strategy, "master_model_state_dict", None)
+    weights = master(model) if master is not None else accelerator.get_state_dict(model)
     live_optimizer = accelerator.strategy.optimizer_state_dict(model, optimizer)  # full, on the main process
     if accelerator.is_main_process:
         saved = saved_weights(folder)
@@ -199,9 +225,10 @@ def check_loads(accelerator, folder: Path, strategy: str, other: str) -> None:
             for field, value in entry.items():
                 check(torch.equal(torch.as_tensor(live_optimizer["state"][key][field]).cpu(), torch.as_tensor(value)),
                       f"optimizer state {key}/{field} not loaded from {other}'s checkpoint", accelerator)
+        # every saved hyperparameter is restored (an optimizer may have more: DeepSpeedCPUAdam's bias_correction)
         hyper = [{k: v for k, v in g.items() if k != "params"} for g in before["param_groups"]]
-        check(hyper == [{k: v for k, v in g.items() if k != "params"} for g in live_optimizer["param_groups"]],
-              f"optimizer hyperparameters {hyper} vs {live_optimizer['param_groups']}", accelerator)
+        live = [{k: g.get(k) for k in saved} for g, saved in zip(live_optimizer["param_groups"], hyper)]
+        check(hyper == live, f"optimizer hyperparameters {hyper} vs {live}", accelerator)
     check(scheduler.state_dict() == torch.load(folder / "scheduler.bin", weights_only=True), "scheduler state",
           accelerator)
     if accelerator.is_main_process:

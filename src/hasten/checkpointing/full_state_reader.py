@@ -44,6 +44,9 @@ def model_path(folder: Path, index: int) -> Path:
     gathered = folder / ("pytorch_model_fsdp.bin" if index == 0 else f"pytorch_model_fsdp_{index}.bin")
     if gathered.is_file():  # the reference library's FSDP full state dict
         return gathered
+    engine = folder / layout.deepspeed_folder(index)
+    if _is_deepspeed(engine):  # a DeepSpeed engine's own checkpoint: rebuilt whole here
+        return engine
     raise IncompleteCheckpointError(
         f"Checkpoint {folder} has no weights for model {index}: neither {safe.name} nor {pickled.name} exists. "
         "Load a checkpoint saved with the same prepared models."
@@ -61,6 +64,32 @@ def _require(folder: Path, name: str, what: str, sharded: Optional[str] = None) 
             "prepared objects."
         )
     return path
+
+
+def _is_deepspeed(path: Path) -> bool:
+    from .deepspeed_reader import is_deepspeed_checkpoint
+
+    return path.is_dir() and is_deepspeed_checkpoint(path)
+
+
+def _optimizer_path(folder: Path, index: int) -> Path:
+    engine = folder / layout.deepspeed_folder(index)
+    if not (folder / layout.optimizer_file(index)).is_file() and _is_deepspeed(engine):
+        return engine
+    return _require(folder, layout.optimizer_file(index), f"optimizer {index}", f"optimizer_{index}")
+
+
+def _deepspeed_optimizer_state(strategy, path: Path, owner, optimizer) -> dict:
+    """A DeepSpeed checkpoint's optimizer state, rebuilt whole and laid out by this run's parameter positions."""
+    from .deepspeed_reader import deepspeed_parameter_names, read_deepspeed_checkpoint
+    from .optimizer_names import by_name
+
+    if owner is None:
+        raise CheckpointError(f"{path} keys the optimizer's state by parameter name, and the prepared "
+                              f"{type(optimizer).__name__} trains no prepared model: prepare its model too.")
+    _, state = read_deepspeed_checkpoint(path, with_optimizer=True)
+    named = by_name(state, deepspeed_parameter_names(path))
+    return by_position(named, strategy.optimizer_parameter_names(owner, optimizer), state["param_groups"])
 
 
 def _count(folder: Path, name_of) -> int:
@@ -85,8 +114,7 @@ class _Plan:
     def __init__(self, targets: CheckpointTargets, folder: Path, marker: Optional[dict], models: list):
         state = PartialState()
         self.models = [model_path(folder, index) for index in range(len(models))]
-        self.optimizers = [_require(folder, layout.optimizer_file(i), f"optimizer {i}", f"optimizer_{i}")
-                           for i in range(len(targets.optimizers))]
+        self.optimizers = [_optimizer_path(folder, i) for i in range(len(targets.optimizers))]
         self.schedulers = [_require(folder, layout.scheduler_file(i), f"scheduler {i}")
                            for i in range(len(targets.schedulers))]
         self.scaler = (_require(folder, layout.SCALER_NAME, "the fp16 gradient scaler")
@@ -195,10 +223,18 @@ def read_full_state(strategy, folder: Path, marker: Optional[dict], targets: Che
     for hook in list(targets.load_hooks):
         hook(models, str(folder))
     plan = _Plan(targets, folder, marker, models)
+    if any(_is_deepspeed(path) for path in plan.models + plan.optimizers):  # pickles: only when trusted
+        from .deepspeed_io import check_trusted
+
+        check_trusted(folder, marker, load_kwargs)
     loaded = LoadedState()
     for index, (model, path) in enumerate(zip(models, plan.models)):
         what = f"weights of model {index}"
-        if path.is_dir():
+        if _is_deepspeed(path):
+            from .deepspeed_reader import read_deepspeed_checkpoint
+
+            state, _ = read_deepspeed_checkpoint(path, with_optimizer=False)
+        elif path.is_dir():
             state = model_weights_from_shards(path, weights_only=_weights_only(load_kwargs))
         elif path.suffix == ".safetensors":
             state = load_safetensors_file(path, what, device=device)
@@ -211,7 +247,9 @@ def read_full_state(strategy, folder: Path, marker: Optional[dict], targets: Che
         _check_model(folder, path, strategy, model, state, strict)
         loaded.models.append((model, state))
     for index, (optimizer, path) in enumerate(zip(targets.optimizers, plan.optimizers)):
-        if path.is_dir():
+        if _is_deepspeed(path):
+            state = _deepspeed_optimizer_state(strategy, path, targets.model_of(optimizer), optimizer)
+        elif path.is_dir():
             owner = targets.model_of(optimizer)
             if owner is None:
                 raise CheckpointError(f"{path} keys the optimizer's state by parameter name, and the prepared "

@@ -66,6 +66,10 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, as
             f"save_state got {sorted(save_model_func_kwargs)}: extra model-saving options are passed to a backend's "
             f"own checkpoint function (DeepSpeed), and {type(accelerator.strategy).__name__} takes none."
         )
+    if async_save and not accelerator.strategy.supports_async_save:
+        raise ValueError(f"save_state(async_save=True) is not available with {type(accelerator.strategy).__name__}: its "
+                         "engine writes its own files, collectively, while the save runs. Call save_state() without "
+                         "async_save.")
     project = accelerator.project_configuration
     folder, automatic = resolve_save_folder(project, output_dir)
     state = PartialState()

@@ -39,6 +39,9 @@ class CheckpointTargets:
 
         Sharded backends need the model to produce or load an optimizer's state (``get_optimizer_state_dict``).
         """
+        engine = getattr(optimizer, "engine", None)  # DeepSpeed's prepared optimizer: its engine is the model
+        if engine is not None and any(model is engine for model in self.models):
+            return engine
         inner = getattr(optimizer, "optimizer", optimizer)
         params = {id(p) for group in inner.param_groups for p in group["params"]}
         for model in self.models:

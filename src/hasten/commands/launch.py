@@ -3,17 +3,22 @@
 The processes are started and watched by torchrun's elastic agent (``torch.distributed.run``), called in
 this process: hasten only turns its flags and the config file into torchrun's arguments and ``HASTEN_*``
 environment variables (see ``launch_plan``). When one rank fails, the agent stops the others and the
-job ends with a non-zero status and the failing rank's traceback.
+job ends with a non-zero status and the failing rank's traceback. A DeepSpeed job across machines with a
+DeepSpeed hostfile or launcher is started by DeepSpeed's own runner instead (see ``launch_deepspeed``).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 
 from .errors import CommandError
 from .failure_summary import root_cause, signal_hint
 from .flags import OneSpellingHelpFormatter, add_flag
+from .launch_deepspeed import DeepSpeedRunner, env_file_text
 from .launch_options import BACKEND_GROUPS, add_backend_options, backend_not_yet_supported
 from .launch_parallelism import add_parallelism_options
 from .launch_plan import LaunchPlan, build_plan
@@ -22,7 +27,7 @@ from .parent_watch import LAUNCHER_PID_ENV
 
 __all__ = ["add_parser", "run", "launch_command_parser", "launch_command", "main", "load_launch_config", "execute",
            "CustomHelpFormatter", "clean_option", "options_to_group", "simple_launcher", "multi_gpu_launcher",
-           "deepspeed_launcher", "tpu_launcher", "tpu_pod_launcher", "sagemaker_launcher"]
+           "deepspeed_launcher", "execute_deepspeed_runner", "tpu_launcher", "tpu_pod_launcher", "sagemaker_launcher"]
 
 _DESCRIPTION = (
     "Run SCRIPT on --num_processes processes (the total over all machines) with torchrun's elastic agent. "
@@ -190,6 +195,43 @@ def execute(plan: LaunchPlan) -> int:
     return 0
 
 
+_DS_ENV_FILE = "DS_ENV_FILE"  # the variable DeepSpeed's runner reads its environment file's name from
+_DS_ENV_NAME = ".deepspeed_env"
+
+
+def _users_deepspeed_env(environ) -> str:
+    """The user's own DeepSpeed environment files (home folder, then this folder), which the runner would read."""
+    name = environ.get(_DS_ENV_FILE, _DS_ENV_NAME)
+    texts = []
+    for folder in (os.path.expanduser("~"), "."):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as handle:
+                texts.append(handle.read())
+    return "\n".join(texts)
+
+
+def execute_deepspeed_runner(runner: DeepSpeedRunner) -> int:
+    """Run DeepSpeed's multi-node runner and wait; its exit status.
+
+    The runner exports only some variables to the other machines, plus those of its environment file: the
+    ``HASTEN_*`` settings are written to a temporary one (after the user's own ``.deepspeed_env`` lines), which
+    ``DS_ENV_FILE`` points it to; the user's files are left untouched.
+    """
+    with tempfile.TemporaryDirectory(prefix="hasten-deepspeed-") as folder:
+        env_file = os.path.join(folder, _DS_ENV_NAME)
+        with open(env_file, "w", encoding="utf-8") as handle:
+            handle.write(env_file_text(runner.env, _users_deepspeed_env(os.environ)))
+        environ = {**os.environ, **runner.env, _DS_ENV_FILE: env_file}
+        process = subprocess.Popen(runner.argv, env=environ)
+        try:
+            return process.wait()
+        except KeyboardInterrupt:
+            process.send_signal(signal.SIGINT)
+            process.wait()
+            return 130
+
+
 def run(args) -> int:
     """``hasten launch``: validate everything, print notes (flag overrides), then run the job."""
     path, config = load_launch_config(args.config_file)
@@ -197,6 +239,8 @@ def run(args) -> int:
     for note in plan.notes:
         print(note, file=sys.stderr)
     sys.stderr.flush()
+    if plan.deepspeed_runner is not None:
+        return execute_deepspeed_runner(plan.deepspeed_runner)
     return execute(plan)
 
 
@@ -208,12 +252,15 @@ def main() -> None:
 
 
 # Accelerate's entry points. It picks a launcher per backend; hasten runs every job, one process or many,
-# through torchrun's agent, and the backends it does not have yet end with NotYetSupportedError.
+# through torchrun's agent (DeepSpeed across machines: DeepSpeed's runner, when asked for), and the backends it
+# does not have yet end with NotYetSupportedError.
 launch_command = simple_launcher = multi_gpu_launcher = run
 
 
-def deepspeed_launcher(args):
-    raise backend_not_yet_supported("DeepSpeed")
+def deepspeed_launcher(args) -> int:
+    """Accelerate's DeepSpeed launcher: ``hasten launch`` with DeepSpeed switched on (``--use_deepspeed``)."""
+    args.use_deepspeed = True
+    return run(args)
 
 
 def tpu_launcher(args):

@@ -4,8 +4,9 @@ Each group is one backend. ``hasten launch`` accepts every one of Accelerate's f
 line parses; a flag of a group that is not ``ready`` ends the launch with ``NotYetSupportedError`` before
 anything starts. When a backend lands, its group is marked ``ready`` and the flags given reach the script as
 the variables its plugin reads: the switch as ``HASTEN_USE_<BACKEND>=true``, each option as
-``HASTEN_<PREFIX><OPTION>`` (``--fsdp_version 2`` -> ``HASTEN_FSDP_VERSION=2``, ``--zero_stage 3`` ->
-``HASTEN_DEEPSPEED_ZERO_STAGE=3``).
+``HASTEN_<PREFIX><OPTION>`` (``--fsdp_version 2`` -> ``HASTEN_FSDP_VERSION=2``). A group whose options need
+more than that (DeepSpeed: checks, settings named differently, its own multi-node runner) is ``own_env``: its
+module (``launch_deepspeed``) builds its variables, and ``backend_env`` / ``section_env`` leave it alone.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class BackendGroup:
     options: tuple = field(default_factory=tuple)
     ready: bool = False
     env_prefix: str = ""  # options travel as HASTEN_<env_prefix><OPTION>; "" for launch mechanisms (TPU, MPI ...)
+    own_env: bool = False  # its variables are built by its own module, not by backend_env / section_env
 
 
 _MEGATRON = "Megatron-LM's"
@@ -75,7 +77,7 @@ BACKEND_GROUPS = (
         Option("main_training_function", "the function a TPU launch calls in the script (default: main)"),
         _switch("downcast_bf16", "on TPUs with bf16, cast float64 tensors to bf16 too"),
     )),
-    BackendGroup("DeepSpeed", "DeepSpeed", _USE_DDP, env_prefix="deepspeed_", options=(
+    BackendGroup("DeepSpeed", "DeepSpeed", _USE_DDP, env_prefix="deepspeed_", ready=True, own_env=True, options=(
         _switch("use_deepspeed", "train with DeepSpeed"),
         Option("deepspeed_config_file", "DeepSpeed config file (JSON)"),
         _int("zero_stage", "ZeRO optimization stage (0-3)"),
@@ -84,12 +86,14 @@ BACKEND_GROUPS = (
         Option("offload_optimizer_nvme_path", "NVMe path for offloaded optimizer states"),
         Option("offload_param_nvme_path", "NVMe path for offloaded parameters"),
         _float("gradient_clipping", "gradient clipping value"),
-        _bool("zero3_init_flag", "build huge models with deepspeed.zero.Init (ZeRO-3)"),
+        _bool("zero3_init_flag", "build huge models with deepspeed.zero.Init (ZeRO-3 only)"),
         _bool("zero3_save_16bit_model", "save 16-bit model weights with ZeRO-3"),
-        Option("deepspeed_hostfile", "DeepSpeed hostfile for multi-machine runs"),
+        Option("deepspeed_hostfile", "DeepSpeed hostfile ('HOST slots=N' lines): with --num_machines > 1, "
+               "DeepSpeed's runner starts the job on those machines"),
         Option("deepspeed_exclusion_filter", "DeepSpeed exclusion filter for multi-machine runs"),
         Option("deepspeed_inclusion_filter", "DeepSpeed inclusion filter for multi-machine runs"),
-        Option("deepspeed_multinode_launcher", "pdsh, standard, openmpi, mvapich, mpich, slurm or nossh"),
+        Option("deepspeed_multinode_launcher", "pdsh (default with a hostfile), openmpi, mvapich, mpich, slurm, "
+               "nossh, or standard (one hasten launch per machine)"),
         Option("deepspeed_moe_layer_cls_names", "comma-separated MoE layer class names to wrap"),
     )),
     BackendGroup("FSDP", "FSDP", _USE_DDP, env_prefix="fsdp_", ready=True, options=(
@@ -225,6 +229,8 @@ def section_env(group_title: str, section: Optional[Mapping]) -> dict:
     """The ``HASTEN_*`` variables for a config file's backend section (``fsdp_config``: Accelerate's keys, e.g.
     ``fsdp_version: 2`` -> ``HASTEN_FSDP_VERSION=2``); keys that are not options of the group are refused."""
     group = next(group for group in BACKEND_GROUPS if group.title == group_title)
+    if group.own_env:
+        raise ValueError(f"the {group.title} group builds its variables itself (see launch_deepspeed)")
     known = {_dest(option) for option in group.options}
     env = {}
     for key, value in (section or {}).items():
@@ -241,7 +247,7 @@ def backend_env(args) -> dict:
     """The ``HASTEN_*`` variables that carry the flags of ready groups given in ``args`` to their plugins."""
     env = {}
     for group in BACKEND_GROUPS:
-        if not (group.ready and group.env_prefix):
+        if not (group.ready and group.env_prefix) or group.own_env:
             continue
         for index, option in enumerate(group.options):
             value = getattr(args, _dest(option), None)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 from ..config.enums import DistributedType, DynamoBackend, PrecisionType
 from ..utils.environment import env_name, str_to_bool
 from .errors import CommandError
+from .launch_deepspeed import DeepSpeedRunner, resolve_deepspeed, runner_command, uses_runner
 from .launch_options import backend_env, backend_not_yet_supported, given_backend_options, section_env
 from .launch_parallelism import parallelism_env
 from .loopback_store import is_loopback
@@ -44,6 +45,7 @@ class LaunchPlan:
     program: str = ""  # the script, module or executable, as the user wrote it
     sources: dict = field(default_factory=dict)  # flag name -> "flag" | "SLURM" | "config file" | "default"
     loopback_store: bool = False  # the rendezvous store listens on the loopback address only (one machine)
+    deepspeed_runner: Optional[DeepSpeedRunner] = None  # set: DeepSpeed's multi-node runner starts the job instead
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -191,6 +193,22 @@ SCRIPT_DEFAULTS = {"mixed_precision": "no", "cpu": False, "gradient_accumulation
 # distributed_type in a config file -> the HASTEN_USE_* switch that tells the script which strategy to use
 STRATEGY_ENV = {DistributedType.FSDP.value: "use_fsdp", DistributedType.DEEPSPEED.value: "use_deepspeed",
                 DistributedType.MEGATRON_LM.value: "use_megatron_lm"}
+
+
+def chosen_strategy(args, config: Optional[Mapping], config_path: Optional[str], notes: list) -> str:
+    """The backend of the job: a ``--use_<backend>`` flag, else the config file's ``distributed_type`` ("" if
+    neither). A flag beats another backend named in the config file, with a note; two such flags are an error."""
+    switches = [name for name in STRATEGY_ENV.values() if getattr(args, name, None)]
+    if len(switches) > 1:
+        raise CommandError(f"{' and '.join('--' + name for name in switches)} cannot be used together: a job trains "
+                           "with one backend. Keep one of them.")
+    kind = str(config.get("distributed_type") or "").upper() if config else ""
+    if not switches:
+        return kind
+    flagged = next(key for key, name in STRATEGY_ENV.items() if name == switches[0])
+    if kind in STRATEGY_ENV and kind != flagged:
+        notes.append(f"hasten launch: --{switches[0]} overrides distributed_type: {kind} from {config_path}")
+    return flagged
 
 
 def _flag_text(name: str) -> str:
@@ -434,8 +452,9 @@ def store_on_loopback(values: dict, restartable: Optional[str]) -> bool:
 
 
 def worker_env(values: dict, sources: dict, config: Optional[Mapping], config_path: Optional[str],
-               environ: Mapping, cpu_count: int, per_machine: int) -> dict:
-    """The variables ``hasten launch`` adds to the workers' environment."""
+               environ: Mapping, cpu_count: int, per_machine: int, strategy: Optional[str] = None) -> dict:
+    """The variables ``hasten launch`` adds to the workers' environment (``strategy``: the job's backend, see
+    ``chosen_strategy``; by default the config file's). The DeepSpeed group's come from ``launch_deepspeed``."""
     env = {}
     for name, setting in SETTING_ENV.items():
         if sources[name] == "default":  # only what was given: a default must not contradict the script
@@ -446,7 +465,8 @@ def worker_env(values: dict, sources: dict, config: Optional[Mapping], config_pa
     if config_path:
         env[env_name("config_file")] = str(config_path)
         kind = str(config.get("distributed_type") or "").upper() if config else ""
-        if kind in STRATEGY_ENV:
+        kind = kind if strategy is None else strategy
+        if kind in STRATEGY_ENV and kind != DistributedType.DEEPSPEED.value:
             env[env_name(STRATEGY_ENV[kind])] = "true"
         if kind == DistributedType.FSDP.value:  # the fsdp_config section reaches the plugin (flags win later)
             env.update(section_env("FSDP", config.get("fsdp_config")))
@@ -509,6 +529,7 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
         is_port_in_use = is_port_in_use or network.is_port_in_use
     check_backend_flags(args)
     values, sources, notes = resolve_settings(args, config, config_path)
+    strategy = chosen_strategy(args, config, config_path, notes)
     try:
         layout = slurm_layout(environ)
     except ValueError as error:
@@ -525,6 +546,9 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
             notes.append(f"hasten launch: --num_processes not given; starting {found} processes per machine, one per "
                          "accelerator (pass -n to choose).")
     _check_values(values)
+    deepspeed = resolve_deepspeed(args, config, config_path, strategy == DistributedType.DEEPSPEED.value,
+                                  values, sources)
+    notes.extend(deepspeed.notes)
     parallel_env, parallel_notes = parallelism_env(args, config, config_path, values["num_processes"])
     notes.extend(parallel_notes)
     _check_target(args)
@@ -537,11 +561,20 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
     values["main_process_port"] = port
 
     env = worker_env(values, sources, config, config_path, environ,
-                     usable_cpu_count() if cpu_count is None else cpu_count, per_machine)
+                     usable_cpu_count() if cpu_count is None else cpu_count, per_machine, strategy)
     env.update(backend_env(args))
+    env.update(deepspeed.env)
     env.update(parallel_env)
     rdzv_id = f"slurm-{layout.job_id}" if layout is not None and layout.job_id else None
     torchrun = torchrun_arguments(args, values, per_machine, port, restartable, rdzv_id)
+    runner = None
+    if uses_runner(deepspeed, values["num_machines"]):
+        runner = runner_command(args, deepspeed, values, port, env, RUNNER_MODULE)
+    elif deepspeed.enabled and values["num_machines"] == 1 and any(
+            deepspeed.sources.get(key) == "flag" for key in ("deepspeed_hostfile", "deepspeed_multinode_launcher")):
+        notes.append("hasten launch: --deepspeed_hostfile / --deepspeed_multinode_launcher apply to several "
+                     "machines only; this one-machine job is started by hasten launch itself.")
     return LaunchPlan(torchrun_args=torchrun, env=env, notes=notes, settings=values,
                       config_path=str(config_path) if config_path else None, program=args.training_script,
-                      sources=sources, loopback_store=store_on_loopback(values, restartable))
+                      sources=sources, loopback_store=store_on_loopback(values, restartable),
+                      deepspeed_runner=runner)

@@ -1,10 +1,10 @@
-"""``DeepSpeedPlugin`` and ``HfDeepSpeedConfig``: the DeepSpeed ZeRO configuration. Training with it is planned.
+"""``DeepSpeedPlugin`` and ``HfDeepSpeedConfig``: the DeepSpeed ZeRO configuration.
 
 Both are real configuration objects: the plugin resolves unset fields from the launcher's environment
 (``HASTEN_DEEPSPEED_<OPTION>``, or ``ACCELERATE_DEEPSPEED_<OPTION>``), validates them, and builds (or fills in) the
 DeepSpeed config dict exactly as Accelerate does, so ``plugin.deepspeed_config`` can be inspected and written out.
-Giving it to ``Accelerator(deepspeed_plugin=...)`` raises ``NotYetSupportedError`` until the DeepSpeed strategy
-lands. deepspeed is never imported here.
+``Accelerator(deepspeed_plugin=...)`` trains with it (``strategies/deepspeed.py`` fills the ``"auto"`` values and
+builds the engines); deepspeed is imported here only by ``zero3_init`` and ``set_moe_leaf_modules``.
 """
 from __future__ import annotations
 
@@ -17,13 +17,11 @@ from copy import deepcopy
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from ..utils.planned import not_yet_supported
 from .env_fields import as_bool, as_choice, as_int, from_env
 
 __all__ = ["HfDeepSpeedConfig", "DeepSpeedPlugin"]
 
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-_MEANWHILE = "train with DDP (several processes) or on a single device"
 
 
 class HfDeepSpeedConfig:
@@ -216,7 +214,10 @@ class DeepSpeedPlugin:
     def _use_given_config(self):
         if not isinstance(self.hf_ds_config, HfDeepSpeedConfig):
             self.hf_ds_config = HfDeepSpeedConfig(self.hf_ds_config)
+        self._config_given = True  # its explicit values are the user's: a contradiction is an error
         config = self.hf_ds_config.config
+        # absent, it follows the Accelerator (strategies/deepspeed_config.py); 1 here, as the reference library has it
+        self._accumulation_given = "gradient_accumulation_steps" in config
         config.setdefault("gradient_accumulation_steps", 1)
         if "zero_optimization" not in config:
             raise ValueError("The DeepSpeed config has no 'zero_optimization' section: add one (with its 'stage').")
@@ -314,19 +315,75 @@ class DeepSpeedPlugin:
         self.fill_match("fp16.enabled", must_match=False, **kwargs)
         self.fill_match("bf16.enabled", must_match=False, **kwargs)
 
+    def _config_for_construction(self) -> dict:
+        """The config with the batch-size ``"auto"`` values replaced: what ``deepspeed.zero.Init`` and transformers'
+        ``HfDeepSpeedConfig`` read before any loader is prepared (they only need the ZeRO and precision sections)."""
+        config = deepcopy(self.deepspeed_config)
+        for key in ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
+            if config.get(key, "auto") == "auto":
+                config[key] = 1
+        if config.get("train_batch_size") == "auto":
+            del config["train_batch_size"]
+        for dtype in ("fp16", "bf16"):
+            if isinstance(config.get(dtype), dict) and config[dtype].get("enabled") == "auto":
+                config[dtype]["enabled"] = False
+        return config
+
     def set_deepspeed_weakref(self):
-        raise not_yet_supported("DeepSpeed (DeepSpeedPlugin.set_deepspeed_weakref)", _MEANWHILE)
+        """With ``zero3_init_flag``, tell transformers (when installed) that ZeRO-3 is on, so its
+        ``from_pretrained`` builds models already partitioned (``deepspeed.zero.Init``)."""
+        if not self.zero3_init_flag:
+            return
+        try:
+            from transformers.integrations import HfDeepSpeedConfig as TransformersDeepSpeedConfig
+        except ImportError:
+            return
+        self.dschf = TransformersDeepSpeedConfig(self._config_for_construction())
+
+    def _unset_deepspeed_weakref(self):
+        self.__dict__.pop("dschf", None)
+        try:
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+        except ImportError:
+            return
+        unset_hf_deepspeed_config()
 
     def is_zero3_init_enabled(self):
         return self.zero3_init_flag
 
     @contextmanager
     def zero3_init_context_manager(self, enable=False):
-        """Run the block with ``zero3_init_flag`` set to ``enable``."""
-        if self.zero3_init_flag == enable:
+        """Run the block with ``zero3_init_flag`` set to ``enable`` (transformers then builds models partitioned or
+        whole), and restore it after."""
+        previous = self.zero3_init_flag
+        if previous == enable:
             yield
             return
-        raise not_yet_supported("DeepSpeed ZeRO-3 init (zero3_init_context_manager)", _MEANWHILE)
+        self.zero3_init_flag = enable
+        if enable:
+            self.set_deepspeed_weakref()
+        else:
+            self._unset_deepspeed_weakref()
+        try:
+            yield
+        finally:
+            self.zero3_init_flag = previous
+            if previous:
+                self.set_deepspeed_weakref()
+            else:
+                self._unset_deepspeed_weakref()
+
+    def zero3_init(self, **kwargs):
+        """A context in which models are built already partitioned over the ranks (``deepspeed.zero.Init`` with
+        this config): a model too large for one process's memory never exists whole. ZeRO stage 3 only;
+        ``kwargs`` go to ``deepspeed.zero.Init`` (``remote_device``, ``dtype`` ...)."""
+        if not self.hf_ds_config.is_zero3():
+            raise ValueError("zero3_init builds models partitioned for ZeRO stage 3, and this plugin's stage is "
+                             f"{self.hf_ds_config.get_value('zero_optimization.stage')}: use zero_stage=3.")
+        from ..strategies.deepspeed import require_deepspeed
+
+        deepspeed = require_deepspeed()
+        return deepspeed.zero.Init(config_dict_or_path=self._config_for_construction(), **kwargs)
 
     def _deepspeed_config_checks(self):
         ignored = ["gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
@@ -338,11 +395,25 @@ class DeepSpeedPlugin:
                              "in the DeepSpeed config file instead and remove them from the hasten config.")
 
     def set_moe_leaf_modules(self, model):
+        """Make the modules of the classes named in ``transformer_moe_cls_names`` ZeRO-3 leaf modules (gathered
+        whole, as MoE layers route tokens to a subset of experts); an unknown name lists the model's classes."""
         if self.transformer_moe_cls_names is None:
             self.transformer_moe_cls_names = from_env("DeepSpeedPlugin", "transformer_moe_cls_names", None, None,
                                                       str, setting="deepspeed_moe_layer_cls_names")
-        if self.transformer_moe_cls_names is not None:
-            raise not_yet_supported("DeepSpeed MoE leaf modules (set_moe_leaf_modules)", _MEANWHILE)
+        if not self.transformer_moe_cls_names:
+            return
+        wanted = [name.strip() for name in str(self.transformer_moe_cls_names).split(",") if name.strip()]
+        present = {type(module).__name__: type(module) for module in model.modules()}
+        missing = [name for name in wanted if name not in present]
+        if missing:
+            raise ValueError(f"transformer_moe_cls_names names {missing}, which the model does not have; its module "
+                             f"classes are: {sorted(present)}.")
+        from ..strategies.deepspeed import require_deepspeed
+
+        require_deepspeed()
+        from deepspeed.utils import set_z3_leaf_modules
+
+        set_z3_leaf_modules(model, [present[name] for name in wanted])
 
     def select(self, _from_accelerator_state: bool = False):
         """Make this the active DeepSpeed configuration (through ``AcceleratorState`` only)."""

@@ -34,6 +34,14 @@ def _fsdp(state, kwargs_handlers, dims, plugin=None) -> Strategy:
     return FSDPStrategy(state, kwargs_handlers, dims, plugin)
 
 
+def _deepspeed(state, kwargs_handlers, dims, plugin=None) -> Strategy:
+    """DeepSpeed ZeRO (``strategies/deepspeed.py``); without a plugin, one read from the launcher's
+    ``HASTEN_DEEPSPEED_*`` environment."""
+    from .deepspeed import DeepSpeedStrategy
+
+    return DeepSpeedStrategy(state, kwargs_handlers, dims, plugin)
+
+
 def _env_selects(switch: str) -> bool:
     from ..config.env_aliases import get_flag_setting
 
@@ -50,7 +58,7 @@ class _Backend:
 
 _BACKENDS = (
     _Backend("FSDP", "fsdp_plugin", "use_fsdp", _fsdp),
-    _Backend("DeepSpeed", "deepspeed_plugin", "use_deepspeed"),
+    _Backend("DeepSpeed", "deepspeed_plugin", "use_deepspeed", _deepspeed),
     _Backend("Megatron-LM", "megatron_lm_plugin", "use_megatron_lm"),
     _Backend("tensor parallelism", "torch_tp_plugin", None),
 )

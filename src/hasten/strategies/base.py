@@ -40,6 +40,9 @@ class Strategy:
     prepares_models_with_optimizers: bool = False
     #: how state becomes files in the staging folder and back (``checkpointing/checkpoint_io.py``)
     checkpoint_io = FullStateCheckpointIO()
+    #: whether ``save_state(async_save=True)`` may write in a background thread (an engine that writes its own
+    #: files collectively cannot)
+    supports_async_save: bool = True
 
     def __init__(self, state, kwargs_handlers: Optional[dict] = None, dims=None):
         self.state = state
@@ -91,13 +94,24 @@ class Strategy:
     def setup(self) -> None:
         """Create what the backend needs before anything is prepared (process groups, meshes)."""
 
+    def check_prepare(self, models: Sequence, optimizers: Sequence, schedulers: Sequence) -> None:
+        """Refuse, before anything of a ``prepare()`` call is prepared, objects this backend cannot take together."""
+
+    def accumulation_steps(self, requested: int) -> int:
+        """The run's gradient accumulation steps, given the Accelerator's (a backend whose own config sets them
+        too reconciles the two here, or raises naming both)."""
+        return requested
+
     def prepare_training(self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
-                         device_placement: Sequence[bool], evaluation_mode: bool = False, compile_model=None):
+                         device_placement: Sequence[bool], evaluation_mode: bool = False, compile_model=None,
+                         **context):
         """Prepare models and the optimizers that train them, together. Returns ``(models, optimizers)``.
 
         The order is the strategy's. Here: the precision's forward wrapper, device placement and the backend's
         wrapper (``prepare_model``), then ``compile_model`` (the run's torch.compile settings) on the result.
-        Model-parallel backends compile blocks before sharding instead.
+        Model-parallel backends compile blocks before sharding instead. ``context``: what else the run knows
+        (``data_loaders`` prepared so far, the call's ``schedulers``, ``accumulation_steps``), for a backend that
+        builds an engine from it.
         """
         prepared = []
         for model, place in zip(models, device_placement):
@@ -113,6 +127,13 @@ class Strategy:
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return optimizer
+
+    def engine_scheduler_for(self, scheduler, optimizers: Sequence):
+        """The prepared scheduler when the backend's engine owns ``scheduler`` (steps it itself), else None."""
+        return None
+
+    def forget(self) -> None:
+        """Drop what the strategy holds about prepared objects (``Accelerator.free_memory``)."""
 
     # ------------------------------------------------------------ the training step
     def normalize_loss(self, loss: torch.Tensor, accumulation_steps: int = 1, num_items_in_batch=None):

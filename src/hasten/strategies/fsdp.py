@@ -87,7 +87,8 @@ class FSDPStrategy(Strategy):
         return policy
 
     # ------------------------------------------------------------ preparation
-    def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None):
+    def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
+                         **context):
         originals = {}  # id(original parameter) -> its name, to re-point the optimizers afterwards
         prepared = []
         for model, place in zip(models, device_placement):

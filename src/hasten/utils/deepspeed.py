@@ -1,33 +1,45 @@
-"""Accelerate's ``accelerate.utils.deepspeed`` names. DeepSpeed training is planned, not built yet.
-
-What needs no DeepSpeed works now: ``HfDeepSpeedConfig`` (reading and querying a DeepSpeed config),
-``DummyOptim`` / ``DummyScheduler`` (placeholders for an optimizer / scheduler defined in the DeepSpeed config) and
-``get_active_deepspeed_plugin``. The engine wrappers and ``map_pytorch_optim_to_deepspeed`` raise
-``NotYetSupportedError``. deepspeed is never imported.
+"""Accelerate's ``accelerate.utils.deepspeed`` names: the prepared optimizer / scheduler under DeepSpeed, the
+config's placeholders (``DummyOptim`` / ``DummyScheduler``) and ``HfDeepSpeedConfig``. deepspeed is imported only
+when an engine or a DeepSpeed optimizer is built (``strategies/deepspeed.py``).
 """
 from __future__ import annotations
+
+import torch
 
 from ..config.deepspeed import HfDeepSpeedConfig
 from ..config.enums import DistributedType
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
-from .planned import not_yet_supported
+from ..state import GradientState
 
 __all__ = [
     "map_pytorch_optim_to_deepspeed", "get_active_deepspeed_plugin", "HfDeepSpeedConfig", "DeepSpeedEngineWrapper",
     "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper", "DummyOptim", "DummyScheduler",
 ]
 
-_MEANWHILE = "train with DDP (several processes) or on a single device"
-
-
-def _deepspeed(what: str):
-    return not_yet_supported(f"DeepSpeed ({what})", _MEANWHILE)
-
 
 def map_pytorch_optim_to_deepspeed(optimizer):
-    """DeepSpeed's CPU-offload version of ``optimizer`` (DeepSpeedCPUAdam, ...): planned."""
-    raise _deepspeed("map_pytorch_optim_to_deepspeed")
+    """DeepSpeed's CPU version of ``optimizer`` for ZeRO-Offload: ``torch.optim.Adam`` / ``AdamW`` become
+    ``DeepSpeedCPUAdam`` (``adamw_mode`` for AdamW), ``Adagrad`` becomes ``DeepSpeedCPUAdagrad``, with the same
+    parameter groups and hyperparameters. Other optimizers are returned as they are (DeepSpeed then runs them on
+    the CPU with ``zero_force_ds_cpu_optimizer: false``)."""
+    from ..strategies.deepspeed import require_deepspeed
+
+    require_deepspeed()
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "weight_decay")}
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        defaults.update(betas=optimizer.defaults["betas"], eps=optimizer.defaults["eps"],
+                        amsgrad=optimizer.defaults.get("amsgrad", False))
+        return DeepSpeedCPUAdam(optimizer.param_groups, adamw_mode=isinstance(optimizer, torch.optim.AdamW),
+                                **defaults)
+    if isinstance(optimizer, torch.optim.Adagrad):
+        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+
+        defaults.update(eps=optimizer.defaults["eps"])
+        return DeepSpeedCPUAdagrad(optimizer.param_groups, **defaults)
+    return optimizer
 
 
 def get_active_deepspeed_plugin(state):
@@ -41,50 +53,87 @@ def get_active_deepspeed_plugin(state):
 
 
 class DeepSpeedEngineWrapper:
-    """Drives a DeepSpeed engine from ``accelerator.backward`` (planned)."""
+    """Runs the backward and the step of a DeepSpeed engine the way ``accelerator.backward`` does (for code that
+    drives an engine by hand): ``sync_gradients`` is the accumulation boundary."""
 
     def __init__(self, engine):
-        raise _deepspeed("DeepSpeedEngineWrapper")
+        self.engine = engine
 
     def backward(self, loss, sync_gradients=True, **kwargs):
-        raise _deepspeed("DeepSpeedEngineWrapper.backward")
+        self.engine.set_gradient_accumulation_boundary(sync_gradients)
+        self.engine.backward(loss, **kwargs)
+        if sync_gradients:
+            self.engine.step()
 
     def get_global_grad_norm(self):
-        raise _deepspeed("DeepSpeedEngineWrapper.get_global_grad_norm")
+        """The gradients' global 2-norm of the engine's last step."""
+        return self.engine.get_global_grad_norm()
 
 
 class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
-    """An optimizer whose steps the DeepSpeed engine takes (planned)."""
+    """The prepared optimizer under DeepSpeed: ``step()`` takes the engine's step at the end of an accumulation
+    cycle (unscaling, clipping, the update and zeroing the gradients are the engine's); ``zero_grad()`` leaves the
+    gradients to the engine. ``optimizer`` is the engine's (ZeRO) optimizer."""
 
-    def __init__(self, optimizer):
-        raise _deepspeed("DeepSpeedOptimizerWrapper")
+    def __init__(self, optimizer, strategy=None, engine=None, client_optimizer=None):
+        self.optimizer = optimizer
+        self.scaler = None
+        self.device_placement = False
+        self.gradient_state = GradientState()
+        self._step_was_skipped = False
+        self._is_overflow = False
+        self.strategy = strategy
+        self.engine = engine
+        #: the optimizer the user passed to prepare() (None when the DeepSpeed config defines it)
+        self.client_optimizer = client_optimizer
+
+    @property
+    def state(self):
+        return getattr(self.optimizer, "state", {})
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def defaults(self):
+        return getattr(self.optimizer, "defaults", {})
 
     def zero_grad(self, set_to_none=None):
-        pass  # the engine zeroes the gradients in accelerator.backward
+        pass  # the engine zeroes the gradients after its step
 
-    def step(self):
-        pass  # the engine steps in accelerator.backward
+    def step(self, closure=None):
+        if not self.gradient_state.sync_gradients:
+            return None
+        if self.strategy is not None:
+            self.strategy.step(self.engine)
+        self._step_was_skipped = bool(getattr(self.optimizer, "overflow", False))
+        return None
 
     @property
     def step_was_skipped(self):
-        return False
+        """Whether the engine skipped its last step (fp16 overflow)."""
+        return self._step_was_skipped
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedOptimizerWrapper({type(self.optimizer).__name__})"
 
 
 class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
-    """A scheduler the DeepSpeed engine steps (planned)."""
+    """A scheduler the DeepSpeed engine steps inside its own step: ``step()`` here does nothing."""
 
     def __init__(self, scheduler, optimizers):
-        raise _deepspeed("DeepSpeedSchedulerWrapper")
+        super().__init__(scheduler, optimizers)
 
-    def step(self):
-        pass  # the engine steps the scheduler in accelerator.backward
+    def step(self, *args, **kwargs):
+        pass  # the engine steps it with the optimizer
 
 
 class DummyOptim:
     """Stands for the optimizer defined in the DeepSpeed config: holds the parameters and a few options."""
 
     def __init__(self, params, lr=0.001, weight_decay=0, **kwargs):
-        self.params = params
+        self.params = list(params)  # model.parameters() is a generator: read it once, here
         self.lr = lr
         self.weight_decay = weight_decay
         self.kwargs = kwargs

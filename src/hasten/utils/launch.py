@@ -2,7 +2,7 @@
 
 They take the namespace of ``hasten.commands.launch.launch_command_parser()`` and go through the same plan as
 ``hasten launch`` (``hasten.commands.launch_plan``): flags, config file and SLURM resolved once, checked before
-anything starts. Helpers of backends hasten does not have yet (DeepSpeed, TPU, SageMaker, ...) raise
+anything starts. Helpers of backends hasten does not have yet (TPU, SageMaker, ...) raise
 ``NotYetSupportedError``.
 """
 from __future__ import annotations
@@ -56,8 +56,15 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict:
     return {**os.environ, **plan.env}
 
 
-def prepare_deepspeed_cmd_env(args: argparse.Namespace):
-    raise backend_not_yet_supported("DeepSpeed")
+def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple:
+    """``(command, environment)`` of a DeepSpeed job as ``hasten launch --use_deepspeed`` runs it: DeepSpeed's
+    multi-node runner when the job spans machines with a hostfile / DeepSpeed launcher, else torchrun's agent."""
+    if not getattr(args, "use_deepspeed", False):
+        args.use_deepspeed = True
+    plan = _plan(args)
+    if plan.deepspeed_runner is not None:
+        return list(plan.deepspeed_runner.argv), {**os.environ, **plan.env, **plan.deepspeed_runner.env}
+    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args], {**os.environ, **plan.env}
 
 
 def prepare_tpu(args: argparse.Namespace, current_env: dict, pod: bool = False):

@@ -713,7 +713,7 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
     state = AcceleratorState() if AcceleratorState._shared_state else None
     if state is not None and state.distributed_type == DistributedType.DEEPSPEED:
         plugin = getattr(state, "deepspeed_plugin", None)
-        if plugin is None or plugin.is_zero3_init_enabled():
+        if plugin is None or plugin.hf_ds_config.is_zero3():  # ZeRO-3 partitions every prepared model
             from .imports import require_extra
 
             deepspeed = require_extra("deepspeed", "GatheredParameters under ZeRO-3")

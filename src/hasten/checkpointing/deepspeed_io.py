@@ -1,0 +1,170 @@
+"""Checkpoint IO under DeepSpeed: each engine writes its own checkpoint inside the staging folder.
+
+=============================  ===================================================================
+``pytorch_model/``             engine 0's checkpoint (``engine.save_checkpoint(staging, tag)``): the module states
+                               and, per rank, the ZeRO partitions of the master weights and optimizer
+``pytorch_model_{i}/``         engine ``i``'s (the reference library's layout)
+``latest``, ``zero_to_fp32.py``  DeepSpeed's own: ``python zero_to_fp32.py . out`` rebuilds fp32 weights offline
+=============================  ===================================================================
+
+Everything else (schedulers, registered objects, random states, loader positions) is written and read by the
+full-state IO, inside the same transaction (staging folder, completion marker, rotation) as every strategy.
+
+Loading picks the fastest exact path:
+
+- a DeepSpeed checkpoint with this engine's layout (ZeRO stage, data-parallel size, dtype): ``engine.load_checkpoint``;
+- a DeepSpeed checkpoint of another layout: rebuilt into full fp32 weights and optimizer state
+  (``deepspeed_reader.py``) and scattered into the engine;
+- another strategy's checkpoint (full files or DCP shards): read by the full-state reader and scattered likewise.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from . import layout
+from .errors import IncompleteCheckpointError, UnsafeCheckpointError
+from .full_state_reader import LoadedState, apply_full_state, read_full_state
+from .full_state_writer import write_full_state
+from .snapshot import Snapshot, take_snapshot
+from .targets import CheckpointTargets
+
+__all__ = ["DeepSpeedCheckpointIO", "engine_tag"]
+
+engine_tag = layout.deepspeed_folder  # the folder engine ``index`` writes its checkpoint to
+
+@dataclass
+class EngineSnapshot(Snapshot):
+    """A full-state snapshot without models and optimizers, plus the engines that write those themselves."""
+
+    engines: list = field(default_factory=list)
+
+
+@dataclass
+class _EngineLoad:
+    engine: object
+    folder: Path
+    tag: str
+    optimizer: object = None
+    weights: Optional[dict] = None  # None: the engine loads its own checkpoint
+    optimizer_state: Optional[dict] = None
+
+
+@dataclass
+class EngineLoadedState:
+    rest: LoadedState
+    engines: list
+
+
+def _without_models(targets: CheckpointTargets) -> CheckpointTargets:
+    return dataclasses.replace(targets, models=[], optimizers=[], load_hooks=[])
+
+
+class DeepSpeedCheckpointIO:
+    """The engines write and read their own checkpoints; the full-state IO the rest."""
+
+    # ------------------------------------------------------------ saving
+    def collect(self, strategy, targets: CheckpointTargets):
+        snapshot = take_snapshot(strategy, dataclasses.replace(targets, models=[], optimizers=[]))
+        engines = [strategy.engine_of(model) for model in targets.models]
+        return EngineSnapshot(**{f.name: getattr(snapshot, f.name) for f in dataclasses.fields(Snapshot)},
+                              engines=engines)
+
+    def write(self, strategy, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
+              safe_serialization: bool = True, process_group=None) -> None:
+        for index, engine in enumerate(collected.engines):  # collective: every rank writes its partitions
+            engine.save_checkpoint(str(staging), tag=engine_tag(index), client_state={}, save_latest=index == 0)
+        rest = Snapshot(**{f.name: getattr(collected, f.name) for f in dataclasses.fields(Snapshot)})
+        write_full_state(staging, rest, writes_shared_files=writes_shared_files, process_index=process_index,
+                         safe_serialization=safe_serialization)
+
+    # ------------------------------------------------------------ loading
+    def read(self, strategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets, *,
+             load_kwargs: Optional[dict] = None, device="cpu", strict: bool = True):
+        from .deepspeed_reader import is_deepspeed_checkpoint
+
+        folder = Path(folder)
+        if not any(is_deepspeed_checkpoint(folder / engine_tag(i)) for i in range(len(targets.models))):
+            return read_full_state(strategy, folder, marker, targets, load_kwargs, device, strict)  # another strategy's
+        check_trusted(folder, marker, load_kwargs)
+        for hook in list(targets.load_hooks):
+            hook(list(targets.models), str(folder))
+        rest = read_full_state(strategy, folder, marker, _without_models(targets), load_kwargs, device, strict)
+        loads = []
+        for index, model in enumerate(targets.models):
+            engine = strategy.engine_of(model)
+            optimizer = next((o for o in targets.optimizers if getattr(o, "engine", None) is engine), None)
+            loads.append(self._read_engine(strategy, folder, engine_tag(index), engine, optimizer))
+        return EngineLoadedState(rest, loads)
+
+    def _read_engine(self, strategy, folder: Path, tag: str, engine, optimizer) -> _EngineLoad:
+        from .deepspeed_reader import (deepspeed_parameter_names, is_deepspeed_checkpoint, read_deepspeed_checkpoint,
+                                       read_deepspeed_layout)
+        from .optimizer_names import by_name, by_position
+
+        path = folder / tag
+        if not is_deepspeed_checkpoint(path):
+            raise IncompleteCheckpointError(f"Checkpoint {folder} has no DeepSpeed checkpoint {tag}/ for this engine: "
+                                            "load a checkpoint saved with the same prepared models.")
+        layout = read_deepspeed_layout(path)
+        if layout["zero_stage"] == engine.zero_optimization_stage() and \
+                layout["world_size"] == engine.dp_world_size and layout.get("dtype") == _dtype_name(engine):
+            _check_rank_files(path, layout)
+            return _EngineLoad(engine, folder, tag, optimizer)
+        weights, optimizer_state = read_deepspeed_checkpoint(path, with_optimizer=optimizer is not None)
+        if optimizer_state is not None:
+            live_names = strategy.optimizer_parameter_names(engine, optimizer)
+            named = by_name(optimizer_state, deepspeed_parameter_names(path))
+            optimizer_state = by_position(named, live_names, optimizer_state["param_groups"])
+        return _EngineLoad(engine, folder, tag, optimizer, weights, optimizer_state)
+
+    def apply(self, strategy, loaded, targets: CheckpointTargets, strict: bool = True) -> None:
+        from ..strategies.deepspeed_state import load_full_state
+
+        if isinstance(loaded, LoadedState):
+            apply_full_state(strategy, loaded, targets, strict)
+            return
+        apply_full_state(strategy, loaded.rest, _without_models(targets), strict)
+        for load in loaded.engines:
+            if load.weights is None:
+                load.engine.load_checkpoint(str(load.folder), tag=load.tag, load_module_strict=strict,
+                                            load_optimizer_states=load.optimizer is not None,
+                                            load_lr_scheduler_states=True)
+            else:
+                names = strategy.optimizer_parameter_names(load.engine, load.optimizer) if load.optimizer else []
+                load_full_state(load.engine, load.weights, load.optimizer_state, names, strict=strict)
+
+
+def check_trusted(folder: Path, marker: Optional[dict], load_kwargs: Optional[dict]) -> None:
+    """DeepSpeed's checkpoint files are pickles of its own classes, and unpickling can run code: they are read only
+    from a checkpoint hasten's ``save_state`` completed (its completion marker is there, with every file's checksum)
+    or one the caller says it trusts (``load_kwargs={"weights_only": False}``)."""
+    from .safe_load import UNSAFE_OPT_IN
+
+    if marker is not None or (load_kwargs or {}).get("weights_only", True) is False:
+        return
+    raise UnsafeCheckpointError(
+        f"{folder} holds a DeepSpeed engine checkpoint that hasten's save_state did not complete (it has no completion "
+        "marker): DeepSpeed writes pickles, which can run code when they are loaded. Nothing was loaded. If you trust "
+        f"this folder, load it with {UNSAFE_OPT_IN}.")
+
+
+def _dtype_name(engine) -> str:
+    if engine.bfloat16_enabled():
+        return "bfloat16"
+    if engine.fp16_enabled():
+        return "float16"
+    return "float32"
+
+
+def _check_rank_files(path: Path, layout: dict) -> None:
+    """Every rank's partition file must be there before any engine starts loading."""
+    if layout["zero_stage"] == 0:
+        return
+    missing = [f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in range(layout["world_size"])
+               if not any(path.glob(f"*zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"))]  # bf16_... too
+    if missing:
+        raise IncompleteCheckpointError(f"DeepSpeed checkpoint {path} is incomplete: {', '.join(missing)} missing. "
+                                        "Nothing was loaded; load another checkpoint.")

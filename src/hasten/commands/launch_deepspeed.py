@@ -1,0 +1,385 @@
+"""``hasten launch``'s DeepSpeed group: from the flags and the config file's ``deepspeed_config`` section to the
+variables ``DeepSpeedPlugin`` reads, and, across machines, to DeepSpeed's own multi-node runner.
+
+The flags and the section use Accelerate's names (``--zero_stage``, ``zero_stage:``); a flag beats the section,
+with a note when they differ. Each value reaches the script under the setting the plugin reads it from
+(``zero_stage`` -> ``HASTEN_DEEPSPEED_ZERO_STAGE``, ``zero3_init_flag`` -> ``HASTEN_DEEPSPEED_ZERO3_INIT``,
+``gradient_clipping`` -> ``HASTEN_GRADIENT_CLIPPING``). Every value is checked here, before anything starts.
+
+On one machine, and across machines when no DeepSpeed launcher is asked for, the job runs through hasten's
+torchrun launch: DeepSpeed then starts on the process group hasten created. With ``--num_machines > 1`` and
+``--deepspeed_hostfile`` / ``--deepspeed_multinode_launcher`` (other than ``standard``), one ``hasten launch``
+on machine 0 starts ``python -m deepspeed.launcher.runner``, which reaches the other machines itself (pdsh,
+MPI, slurm ...). Nothing is started in this module: ``runner_command`` returns that command line.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+from ..utils.environment import env_name, str_to_bool
+from .errors import CommandError
+
+__all__ = ["ZERO_STAGES", "OFFLOAD_DEVICES", "MULTINODE_LAUNCHERS", "RUNNER", "INSTALL_HINT", "PLUGIN_SETTINGS",
+           "CONFIG_FILE_FIELDS", "DeepSpeedSettings", "DeepSpeedRunner", "deepspeed_installed", "resolve_deepspeed",
+           "uses_runner", "runner_command", "env_file_text", "config_fields"]
+
+ZERO_STAGES = (0, 1, 2, 3)
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
+RUNNER = "deepspeed.launcher.runner"
+INSTALL_HINT = "pip install 'hasten[deepspeed]'"
+SECTION = "deepspeed_config"
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+def _stage(value) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) not in ZERO_STAGES:
+        raise ValueError(f"the ZeRO stage is one of {', '.join(map(str, ZERO_STAGES))}")
+    return int(text)
+
+
+def _device(value) -> str:
+    text = str(value).strip().lower()
+    if text not in OFFLOAD_DEVICES:
+        raise ValueError(f"an offload device is one of {', '.join(OFFLOAD_DEVICES)}")
+    return text
+
+
+def _boolean(value) -> bool:
+    return value if isinstance(value, bool) else bool(str_to_bool(str(value)))
+
+
+def _clipping(value):
+    if str(value).strip().lower() == "auto":
+        return "auto"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = -1.0
+    if isinstance(value, bool) or number < 0:
+        raise ValueError("gradient clipping is a number >= 0 (or 'auto')")
+    return number
+
+
+def _steps(value) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise ValueError("gradient accumulation steps are a whole number >= 1")
+    return int(text)
+
+
+def _names(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def _text(value) -> str:
+    return str(value)
+
+
+def _launcher(value) -> str:
+    text = str(value).strip().lower()
+    if text not in MULTINODE_LAUNCHERS:
+        raise ValueError(f"the DeepSpeed multi-node launcher is one of {', '.join(MULTINODE_LAUNCHERS)}")
+    return text
+
+
+# flag dest / deepspeed_config key -> (parser, the setting DeepSpeedPlugin reads it from; None: the launcher's only)
+PLUGIN_SETTINGS: dict = {
+    "deepspeed_config_file": (_text, "deepspeed_config_file"),
+    "zero_stage": (_stage, "deepspeed_zero_stage"),
+    "offload_optimizer_device": (_device, "deepspeed_offload_optimizer_device"),
+    "offload_param_device": (_device, "deepspeed_offload_param_device"),
+    "offload_optimizer_nvme_path": (_text, "deepspeed_offload_optimizer_nvme_path"),
+    "offload_param_nvme_path": (_text, "deepspeed_offload_param_nvme_path"),
+    "gradient_accumulation_steps": (_steps, "gradient_accumulation_steps"),  # config key only (the flag is general)
+    "gradient_clipping": (_clipping, "gradient_clipping"),
+    "zero3_init_flag": (_boolean, "deepspeed_zero3_init"),
+    "zero3_save_16bit_model": (_boolean, "deepspeed_zero3_save_16bit_model"),
+    "deepspeed_moe_layer_cls_names": (_names, "deepspeed_moe_layer_cls_names"),
+    "deepspeed_hostfile": (_text, None),
+    "deepspeed_multinode_launcher": (_launcher, None),
+    "deepspeed_exclusion_filter": (_text, None),
+    "deepspeed_inclusion_filter": (_text, None),
+}
+
+# Settings a DeepSpeed config file must hold itself: the plugin refuses them from the hasten config file
+# (it reads their names from HASTEN_CONFIG_DS_FIELDS), as Accelerate's does.
+CONFIG_FILE_FIELDS = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+                      "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path",
+                      "zero3_save_16bit_model", "mixed_precision")
+
+
+def _show(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _sentence(error) -> str:
+    text = str(error).strip()
+    return text if text.endswith(".") else text + "."
+
+
+# ---------------------------------------------------------------------------------------------- the settings
+@dataclass
+class DeepSpeedSettings:
+    """The DeepSpeed group resolved: the values (flag > config section), the variables to export, notes."""
+
+    enabled: bool  # --use_deepspeed, or distributed_type: DEEPSPEED in the config file
+    values: dict = field(default_factory=dict)  # by flag / config key
+    sources: dict = field(default_factory=dict)  # key -> "flag" | "config file"
+    env: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+
+def _parse(key: str, raw, where: str):
+    try:
+        return PLUGIN_SETTINGS[key][0](raw)
+    except ValueError as error:
+        raise CommandError(f"{where}: {_sentence(error)}") from None
+
+
+def _merge(args, section: Mapping, config_path: Optional[str], settings: DeepSpeedSettings) -> None:
+    unknown = sorted(str(key) for key in section if key not in PLUGIN_SETTINGS)
+    if unknown:
+        raise CommandError(f"The config file {config_path}: {SECTION} has unknown keys {', '.join(unknown)}; the "
+                           f"known keys are {', '.join(sorted(PLUGIN_SETTINGS))}.")
+    for key in PLUGIN_SETTINGS:
+        raw_flag = getattr(args, key, None) if key != "gradient_accumulation_steps" else None
+        raw_file = section.get(key)
+        from_file = None
+        if raw_file is not None:
+            from_file = _parse(key, raw_file, f"{SECTION}.{key}: {raw_file!r} in the config file {config_path}")
+        if raw_flag is not None:
+            value = _parse(key, raw_flag, f"--{key} {raw_flag!r}")
+            settings.values[key], settings.sources[key] = value, "flag"
+            if from_file is not None and from_file != value:
+                settings.notes.append(f"hasten launch: --{key} {_show(value)} overrides {key}: {_show(from_file)} "
+                                      f"from {config_path}")
+        elif from_file is not None:
+            settings.values[key], settings.sources[key] = from_file, "config file"
+
+
+def _read_config_file(path: str, origin: str) -> dict:
+    """The DeepSpeed config file's dict; a clear error when it is missing, not JSON or not usable."""
+    if not os.path.isfile(path):
+        raise CommandError(f"{origin}: the DeepSpeed config file {path!r} does not exist (looked from "
+                           f"{os.getcwd()}). Pass the path of a JSON file.")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CommandError(f"{origin}: the DeepSpeed config file {path!r} is not JSON ({error}). DeepSpeed config "
+                           "files are JSON objects, e.g. {\"zero_optimization\": {\"stage\": 2}}.") from None
+    if not isinstance(config, dict):
+        raise CommandError(f"{origin}: the DeepSpeed config file {path!r} holds a JSON {type(config).__name__}, "
+                           "not an object.")
+    if not isinstance(config.get("zero_optimization"), dict):
+        raise CommandError(f"{origin}: the DeepSpeed config file {path!r} has no 'zero_optimization' section: add "
+                           "one, with its 'stage' (e.g. {\"zero_optimization\": {\"stage\": 2}}).")
+    return config
+
+
+def _origin(settings: DeepSpeedSettings, key: str, config_path: Optional[str]) -> str:
+    return f"--{key}" if settings.sources.get(key) == "flag" else f"{SECTION}.{key} in {config_path}"
+
+
+def _check(settings: DeepSpeedSettings, config_path: Optional[str], section: Mapping, launcher: Mapping) -> None:
+    """Offload paths, the DeepSpeed config file, fields it must hold, zero3_init_flag's stage, the filters."""
+    values = settings.values
+    ds_config = None
+    if "deepspeed_config_file" in values:
+        ds_config = _read_config_file(values["deepspeed_config_file"],
+                                      _origin(settings, "deepspeed_config_file", config_path))
+        moved = config_fields(section, launcher)
+        refused = [name for name in moved if name in CONFIG_FILE_FIELDS]
+        if refused:
+            raise CommandError(
+                f"The config file {config_path} sets {', '.join(refused)} while a DeepSpeed config file is used "
+                f"({values['deepspeed_config_file']}): with a DeepSpeed config file these settings belong in it. Set "
+                f"them in {values['deepspeed_config_file']} and remove them from {config_path}.")
+    else:
+        for part in ("optimizer", "param"):
+            device, path = f"offload_{part}_device", f"offload_{part}_nvme_path"
+            if values.get(device) == "nvme" and str(values.get(path) or "none").strip().lower() in ("", "none"):
+                raise CommandError(f"{_origin(settings, device, config_path)} nvme needs the NVMe folder: pass "
+                                   f"--{path} PATH (or set {path} in {SECTION}).")
+    if values.get("zero3_init_flag"):
+        stage = values.get("zero_stage", 2)
+        if ds_config is not None:
+            stage = ds_config["zero_optimization"].get("stage", stage)
+        if stage != 3:
+            settings.notes.append(f"hasten launch: warning: zero3_init_flag applies to ZeRO stage 3 only, and the "
+                                  f"stage is {stage}: DeepSpeedPlugin sets it to false.")
+    if "deepspeed_exclusion_filter" in values and "deepspeed_inclusion_filter" in values:
+        raise CommandError("--deepspeed_exclusion_filter and --deepspeed_inclusion_filter cannot be used together: "
+                           "DeepSpeed's runner takes one of them.")
+
+
+def config_fields(section: Mapping, launcher: Mapping) -> list:
+    """Accelerate's ``CONFIG_DS_FIELDS``: the keys the config file's ``deepspeed_config`` sets, and
+    ``mixed_precision`` when the config file chose one (not the default ``no``)."""
+    fields = [str(key) for key, value in section.items() if value is not None]
+    if launcher.get("sources", {}).get("mixed_precision") == "config file" and \
+            launcher.get("values", {}).get("mixed_precision") not in (None, "no"):
+        fields.append("mixed_precision")
+    return fields
+
+
+def resolve_deepspeed(args, config: Optional[Mapping], config_path: Optional[str], enabled: bool,
+                      values: Mapping, sources: Mapping) -> DeepSpeedSettings:
+    """The DeepSpeed group of a launch; raises ``CommandError`` for bad input. ``values`` / ``sources`` are the
+    launcher's resolved settings (gradient accumulation and mixed precision meet the section's here)."""
+    settings = DeepSpeedSettings(enabled=enabled)
+    raw_section = (config or {}).get(SECTION) if enabled else None
+    if raw_section is not None and not isinstance(raw_section, Mapping):
+        raise CommandError(f"The config file {config_path}: {SECTION} must be a mapping of Accelerate's keys.")
+    section = dict(raw_section or {})
+    _merge(args, section, config_path, settings)
+    _merge_accumulation(settings, values, sources, config_path)
+    launcher = {"values": values, "sources": sources}
+    _check(settings, config_path, section, launcher)
+    if enabled:
+        settings.env[env_name("use_deepspeed")] = "true"
+        fields = config_fields(section, launcher)
+        if fields:
+            settings.env[env_name("config_ds_fields")] = ",".join(fields).lower()
+    elif settings.values:
+        given = ", ".join(f"--{key}" for key in settings.values)
+        settings.notes.append(f"hasten launch: {given} given without --use_deepspeed: the values reach a "
+                              "DeepSpeedPlugin built in the script, but DeepSpeed is not switched on; add "
+                              "--use_deepspeed to train with it.")
+    for key, value in settings.values.items():
+        setting = PLUGIN_SETTINGS[key][1]
+        if setting is not None:
+            settings.env[env_name(setting)] = _show(value)
+    return settings
+
+
+def _merge_accumulation(settings: DeepSpeedSettings, values: Mapping, sources: Mapping,
+                        config_path: Optional[str]) -> None:
+    """``deepspeed_config.gradient_accumulation_steps`` against the launcher's own setting of the same name."""
+    if "gradient_accumulation_steps" not in settings.values:
+        return
+    ours, theirs = settings.values["gradient_accumulation_steps"], values.get("gradient_accumulation_steps")
+    if sources.get("gradient_accumulation_steps") == "flag":
+        del settings.values["gradient_accumulation_steps"]  # the launcher exports the flag's value
+        if theirs != ours:
+            settings.notes.append(f"hasten launch: --gradient_accumulation_steps {theirs} overrides "
+                                  f"{SECTION}.gradient_accumulation_steps: {ours} from {config_path}")
+    elif sources.get("gradient_accumulation_steps") == "config file" and theirs != ours:
+        raise CommandError(f"The config file {config_path} gives two gradient accumulation steps: "
+                           f"gradient_accumulation_steps: {theirs} and {SECTION}.gradient_accumulation_steps: {ours}. "
+                           "Keep one of them.")
+
+
+# ---------------------------------------------------------------------------------------------- several machines
+def deepspeed_installed() -> bool:
+    """Whether ``deepspeed`` can be imported here (without importing it)."""
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def uses_runner(settings: DeepSpeedSettings, num_machines: int) -> bool:
+    """Whether DeepSpeed's multi-node runner starts the job: DeepSpeed on several machines, with a hostfile or a
+    launcher other than ``standard`` (which is one ``hasten launch`` per machine, like any other job)."""
+    values = settings.values
+    if not settings.enabled or num_machines <= 1:
+        return False
+    if values.get("deepspeed_multinode_launcher") == "standard":
+        return False
+    return "deepspeed_hostfile" in values or "deepspeed_multinode_launcher" in values
+
+
+_HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)\s*$")
+
+
+def _check_hostfile(path: Optional[str], origin: str, num_machines: int) -> None:
+    if not path:
+        raise CommandError(f"{origin}: DeepSpeed's multi-node runner needs --deepspeed_hostfile PATH, a file of "
+                           "lines 'HOSTNAME slots=GPUS', one per machine. Or use --deepspeed_multinode_launcher "
+                           "standard and run hasten launch on each machine.")
+    if not os.path.isfile(path):
+        raise CommandError(f"--deepspeed_hostfile {path!r}: no such file (looked from {os.getcwd()}).")
+    hosts = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _HOST_LINE.match(line)
+        if not match:
+            raise CommandError(f"--deepspeed_hostfile {path}: line {number} {line!r} is not 'HOSTNAME slots=N'.")
+        hosts.append(match.group(1))
+    if len(hosts) < num_machines:
+        raise CommandError(f"--deepspeed_hostfile {path} lists {len(hosts)} machine(s), but --num_machines is "
+                           f"{num_machines}: add the missing machines or lower --num_machines.")
+
+
+@dataclass
+class DeepSpeedRunner:
+    """DeepSpeed's runner command line, and the variables it must carry to every machine."""
+
+    argv: list
+    env: dict  # the workers' HASTEN_* settings: set for the runner and written to its environment file
+
+
+def runner_command(args, settings: DeepSpeedSettings, values: Mapping, port: int, env: Mapping,
+                   worker_module: str, installed: Optional[Callable[[], bool]] = None) -> DeepSpeedRunner:
+    """``python -m deepspeed.launcher.runner ...`` for a multi-machine DeepSpeed job (nothing is started).
+
+    Each worker runs the script through ``worker_module`` (as hasten's torchrun launch does), without DeepSpeed's
+    ``--local_rank`` argument (the script reads ``LOCAL_RANK``). Raises ``CommandError`` for bad input, and when
+    deepspeed is not installed.
+    """
+    installed = deepspeed_installed if installed is None else installed
+    ds = settings.values
+    launcher = ds.get("deepspeed_multinode_launcher", "pdsh")
+    origin = f"--num_machines {values['num_machines']} with DeepSpeed's {launcher} launcher"
+    if not installed():
+        raise CommandError(f"{origin} needs the deepspeed package, which is not installed: {INSTALL_HINT}.")
+    if values.get("min_machines", values["num_machines"]) != values["num_machines"]:
+        raise CommandError(f"{origin}: DeepSpeed's runner starts a fixed number of machines; an elastic "
+                           f"--num_machines MIN:MAX needs --deepspeed_multinode_launcher standard.")
+    if values.get("gpu_ids") and str(values["gpu_ids"]).strip().lower() != "all":
+        raise CommandError(f"{origin}: --gpu_ids does not reach the other machines; choose GPUs with "
+                           "--deepspeed_inclusion_filter HOST:0,1 instead.")
+    _check_hostfile(ds.get("deepspeed_hostfile"), origin, values["num_machines"])
+    argv = [sys.executable, "-u", "-m", RUNNER, "--hostfile", str(ds["deepspeed_hostfile"])]
+    if launcher == "nossh":
+        argv += ["--no_ssh", "--node_rank", str(values["machine_rank"])]
+    else:
+        argv += ["--launcher", launcher]
+    argv.append("--no_local_rank")
+    if "deepspeed_exclusion_filter" in ds:
+        argv += ["--exclude", str(ds["deepspeed_exclusion_filter"])]
+    elif "deepspeed_inclusion_filter" in ds:
+        argv += ["--include", str(ds["deepspeed_inclusion_filter"])]
+    else:
+        argv += ["--num_nodes", str(values["num_machines"]),
+                 "--num_gpus", str(values["num_processes"] // values["num_machines"])]
+    argv += ["--master_addr", str(values["main_process_ip"]), "--master_port", str(port)]
+    script_args = [str(arg) for arg in (args.training_script_args or [])]
+    if args.no_python:
+        argv += ["--no_python", args.training_script, *script_args]
+    else:
+        mode = "module" if args.module else "path"
+        argv += ["--module", worker_module, mode, args.training_script, *script_args]
+    return DeepSpeedRunner(argv=argv, env=dict(env))
+
+
+def env_file_text(variables: Mapping, existing: str = "") -> str:
+    """The runner's environment file (``NAME=VALUE`` lines, which it exports on every machine): ``existing``
+    (the user's own ``.deepspeed_env``) first, then ``variables``. A value with a line break cannot be carried."""
+    lines = [line for line in existing.splitlines() if line.strip()]
+    for name, value in variables.items():
+        text = str(value)
+        if "\n" in text or "\r" in text:
+            raise CommandError(f"{name}: a value with a line break cannot be carried to the other machines by "
+                               "DeepSpeed's runner.")
+        lines.append(f"{name}={text}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,489 @@
+"""DeepSpeed ZeRO (stages 0-3, CPU / NVMe offload): one engine per model, the engine owning its precision.
+
+``prepare(model, optimizer[, scheduler], loader)`` builds one ``deepspeed.initialize`` engine from the model, its
+optimizer (or the config's, through ``DummyOptim``) and the active plugin's config with every ``"auto"`` filled
+(``deepspeed_config.py``). The prepared model *is* the engine, as with the reference library.
+
+The training step keeps one accumulation boundary: hasten's ``sync_gradients`` is given to the engine before each
+backward (``set_gradient_accumulation_boundary``), so the two never disagree. ``accelerator.backward`` runs
+``engine.backward`` on hasten's normalised loss (the engine does not divide it again); the prepared optimizer's
+``step()`` runs ``engine.step()`` at the boundary (the engine unscales, clips, steps and zeroes gradients).
+``clip_grad_norm_(max_norm)`` at the boundary takes that step with ``max_norm`` as the clipping value and
+returns the engine's global norm, so nothing is clipped twice.
+
+Several plugins (``deepspeed_plugins={"student": ..., "teacher": ...}``) make several engines: each ``prepare``
+uses the plugin selected with ``AcceleratorState().select_deepspeed_plugin(name)``.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..config.enums import DistributedType
+from ..utils.operations import convert_to_fp32
+from .base import Strategy
+
+__all__ = ["DeepSpeedStrategy", "EnginePrecision", "require_deepspeed"]
+
+
+def require_deepspeed():
+    """Import deepspeed (on a CPU-only run, on its CPU accelerator); a clear error when it is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ImportError("DeepSpeed is not installed: pip install 'hasten[deepspeed]' (the deepspeed package).")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    return deepspeed
+
+
+class _CastInputsForward:
+    """A forward that casts float32 tensor inputs to the engine's 16-bit dtype and returns fp32 outputs (the
+    engine's weights are 16-bit; DeepSpeed itself casts only fp16 inputs, and only with ``auto_cast``)."""
+
+    def __init__(self, forward, dtype: torch.dtype):
+        self.forward = forward
+        self.dtype = dtype
+        functools.update_wrapper(self, forward)
+
+    def _cast(self, value):
+        if isinstance(value, torch.Tensor) and value.dtype == torch.float32:
+            return value.to(self.dtype)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._cast(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._cast(v) for k, v in value.items()}
+        return value
+
+    def __call__(self, *args, **kwargs):
+        return convert_to_fp32(self.forward(*self._cast(args), **self._cast(kwargs)))
+
+
+class EnginePrecision:
+    """Mixed precision under DeepSpeed: the engine holds 16-bit weights with fp32 master copies and scales fp16
+    losses itself, so there is no autocast and no scaler here; only inputs are cast to the weights' dtype."""
+
+    scaler = None
+    autocast_dtype = None
+    native_amp = False
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(mode)
+
+    def autocast(self, autocast_handler=None):
+        return contextlib.nullcontext()
+
+    def wrap_forward(self, model: nn.Module) -> nn.Module:
+        if self.dtype is None or isinstance(model.__dict__.get("forward"), _CastInputsForward):
+            return model
+        model._original_forward = model.forward
+        model.forward = _CastInputsForward(model.forward, self.dtype)
+        return model
+
+
+@dataclass
+class _Engine:
+    """One engine and what hasten remembers about it."""
+
+    engine: object
+    plugin_name: Optional[str]
+    names: list = field(default_factory=list)  # the optimizer's parameter names per group, in its order
+    client_optimizer: object = None  # the optimizer the user gave (None: the config's)
+    stepped: bool = False  # engine.step() already ran for the current accumulation cycle
+
+
+class DeepSpeedStrategy(Strategy):
+    """Trains each prepared model through its own DeepSpeed engine."""
+
+    distributed_type = DistributedType.DEEPSPEED
+    prepares_models_with_optimizers = True
+    supports_async_save = False
+
+    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
+        from ..config.deepspeed import DeepSpeedPlugin
+        from .deepspeed_config import check_plugin_config
+
+        if plugin is None:
+            plugin = DeepSpeedPlugin()  # from the launcher's HASTEN_DEEPSPEED_* environment
+        plugins = plugin if isinstance(plugin, dict) else {None: plugin}
+        if not plugins:
+            raise ValueError("deepspeed_plugins is an empty dict: give at least one DeepSpeedPlugin.")
+        for name, value in plugins.items():
+            if not isinstance(value, DeepSpeedPlugin):
+                raise TypeError(f"deepspeed_plugin{'' if name is None else f's[{name!r}]'} must be a DeepSpeedPlugin, "
+                                f"got {type(value).__name__}.")
+            check_plugin_config(value.deepspeed_config, state.device.type, state.mixed_precision,
+                                what="DeepSpeed config" + ("" if name is None else f" of plugin {name!r}"))
+            value.set_mixed_precision(state.mixed_precision)  # the fp16 / bf16 sections; a contradiction raises
+        if dims is not None and dims.model_parallel:
+            raise ValueError("DeepSpeed here shards over data-parallel ranks only: a ParallelismConfig with tensor, "
+                             "context or sequence parallelism cannot be combined with a DeepSpeedPlugin.")
+        if state.device.type == "cpu":  # also on a GPU machine with cpu=True: DeepSpeed must not pick CUDA
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        require_deepspeed()
+        self.plugins = plugins
+        super().__init__(state, kwargs_handlers, dims)
+        self._engines: list = []
+        from ..checkpointing.deepspeed_io import DeepSpeedCheckpointIO
+
+        self.checkpoint_io = DeepSpeedCheckpointIO()
+
+    # ------------------------------------------------------------ precision and set-up
+    def create_precision(self):
+        return EnginePrecision(self.state.mixed_precision)
+
+    def setup(self) -> None:
+        deepspeed = require_deepspeed()
+        self.state.distributed_type = DistributedType.DEEPSPEED
+        if self.state.num_processes == 1 and not torch.distributed.is_initialized():
+            _single_process_environment()
+        deepspeed.init_distributed(dist_backend="gloo" if self.state.device.type == "cpu" else None,
+                                   verbose=False)
+        first = next(iter(self.plugins))
+        for plugin in self.plugins.values():
+            plugin._unselect()
+        self.plugins[first].select(_from_accelerator_state=True)
+
+    @property
+    def plugin(self):
+        """The selected plugin (``AcceleratorState().select_deepspeed_plugin(name)`` changes it)."""
+        return next(p for p in self.plugins.values() if p.selected)
+
+    @property
+    def plugin_name(self) -> Optional[str]:
+        return next(name for name, p in self.plugins.items() if p.selected)
+
+    # ------------------------------------------------------------ preparation
+    def check_prepare(self, models, optimizers, schedulers) -> None:
+        """Refuse, before anything is built, what one engine cannot take."""
+        from ..utils.deepspeed import DummyOptim, DummyScheduler
+
+        if len(models) > 1:
+            raise ValueError(
+                f"One prepare() call got {len(models)} models, and a DeepSpeed engine trains one model: prepare each "
+                "model in its own call, with its own plugin for different settings (Accelerator(deepspeed_plugins="
+                "{'student': ..., 'teacher': ...}) and AcceleratorState().select_deepspeed_plugin(name)).")
+        if len(optimizers) > 1:
+            raise ValueError(f"One prepare() call got {len(optimizers)} optimizers: a DeepSpeed engine steps one.")
+        config = self.plugin.deepspeed_config
+        for optimizer in optimizers:
+            if isinstance(optimizer, DummyOptim) and "optimizer" not in config:
+                raise ValueError("A DummyOptim stands for the optimizer of the DeepSpeed config, and the config has no "
+                                 "'optimizer' section: add one, or pass a torch optimizer.")
+            if not isinstance(optimizer, DummyOptim) and "optimizer" in config:
+                raise ValueError("The DeepSpeed config defines an optimizer ('optimizer' section) and a "
+                                 f"{type(optimizer).__name__} was given too: pass hasten.utils.DummyOptim(params) "
+                                 "instead, or remove the config's 'optimizer' section.")
+        for scheduler in schedulers:
+            if isinstance(scheduler, DummyScheduler) and "scheduler" not in config \
+                    and scheduler.lr_scheduler_callable is None:
+                raise ValueError("A DummyScheduler stands for the scheduler of the DeepSpeed config, and the config "
+                                 "has no 'scheduler' section: add one, give DummyScheduler(lr_scheduler_callable=...), "
+                                 "or pass a torch scheduler.")
+            if not isinstance(scheduler, DummyScheduler) and "scheduler" in config:
+                raise ValueError("The DeepSpeed config defines a scheduler ('scheduler' section) and a "
+                                 f"{type(scheduler).__name__} was given too: pass hasten.utils.DummyScheduler("
+                                 "optimizer) instead, or remove the config's 'scheduler' section.")
+
+    def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
+                         data_loaders=(), schedulers=(), accumulation_steps: int = 1):
+        from ..utils.deepspeed import DummyOptim, DummyScheduler
+        from .deepspeed_config import resolved_config
+
+        self.check_prepare(models, optimizers, schedulers)
+        if not models:
+            raise ValueError("A DeepSpeed engine is built from a model and its optimizer: pass them to one prepare() "
+                             "call, model, optimizer = accelerator.prepare(model, optimizer).")
+        deepspeed = require_deepspeed()
+        model = models[0]
+        optimizer = optimizers[0] if optimizers else None
+        scheduler = schedulers[0] if schedulers else None
+        plugin = self.plugin
+        plugin.set_moe_leaf_modules(model)
+        config = resolved_config(plugin, model=model, optimizer=optimizer, scheduler=scheduler, loaders=data_loaders,
+                                 accumulation_steps=accumulation_steps, data_parallel_size=self.data_parallel_size,
+                                 mixed_precision=self.state.mixed_precision, device_type=self.state.device.type)
+        names = _parameter_names(model, optimizer)
+        model = self.precision.wrap_forward(model)
+        if compile_model is not None:
+            model = compile_model(model)
+        kwargs = {"model": model, "config": config}
+        if optimizer is not None and not isinstance(optimizer, DummyOptim):
+            offloaded = str((config.get("zero_optimization", {}).get("offload_optimizer") or {}).get(
+                "device", "none")).lower() != "none"
+            if offloaded:
+                from ..utils.deepspeed import map_pytorch_optim_to_deepspeed
+
+                optimizer = map_pytorch_optim_to_deepspeed(optimizer)
+            kwargs["optimizer"] = optimizer
+        elif isinstance(optimizer, DummyOptim):
+            kwargs["model_parameters"] = optimizer.params
+        if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is not None \
+                and "scheduler" not in config:
+            kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
+        stage = config.get("zero_optimization", {}).get("stage", 0)
+        originals = ({n: p.detach().clone() for n, p in model.named_parameters()}
+                     if stage == 0 and self.precision.dtype is not None and optimizer is not None else {})
+        engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(**kwargs)
+        if originals:
+            from .deepspeed_state import undo_warmup_step
+
+            undo_warmup_step(engine, originals)
+        record = _Engine(engine, self.plugin_name, names, optimizers[0] if optimizers else None)
+        self._engines.append(record)
+        prepared_optimizers = []
+        if optimizers:
+            from ..utils.deepspeed import DeepSpeedOptimizerWrapper
+
+            prepared_optimizers.append(DeepSpeedOptimizerWrapper(engine_optimizer, strategy=self, engine=engine,
+                                                                 client_optimizer=record.client_optimizer))
+        self._engine_schedulers = getattr(self, "_engine_schedulers", {})
+        if engine_scheduler is not None:
+            self._engine_schedulers[id(engine)] = engine_scheduler
+        return [engine], prepared_optimizers
+
+    def engine_scheduler_for(self, scheduler, optimizers):
+        """A ``DummyScheduler`` stands for the scheduler the engine built (from the config, or with its
+        ``lr_scheduler_callable``) and steps itself: that one, wrapped so that ``step()`` leaves it to the engine."""
+        from ..utils.deepspeed import DeepSpeedSchedulerWrapper, DummyScheduler
+
+        if not isinstance(scheduler, DummyScheduler):
+            return None
+        engines = [o.engine for o in optimizers if getattr(o, "engine", None) is not None] or \
+            [r.engine for r in self._engines if r.client_optimizer is not None]
+        built = [self._engine_schedulers[id(e)] for e in engines if id(e) in getattr(self, "_engine_schedulers", {})]
+        if not built:
+            raise ValueError("The DummyScheduler's engine built no scheduler: the DeepSpeed config has no 'scheduler' "
+                             "section and no lr_scheduler_callable was given. Prepare the DummyScheduler in the same "
+                             "prepare() call as its model and DummyOptim.")
+        return DeepSpeedSchedulerWrapper(built[-1], optimizers)
+
+    def accumulation_steps(self, requested: int) -> int:
+        """The Accelerator's steps, or the DeepSpeed config's when only that sets them (a number, not "auto");
+        both set and different: an error naming both."""
+        chosen = requested
+        for name, plugin in self.plugins.items():
+            value = plugin.hf_ds_config.get_value("gradient_accumulation_steps", "auto")
+            if not getattr(plugin, "_accumulation_given", True):
+                continue  # a config file without it (the plugin wrote 1): the Accelerator's
+            if value == "auto" or value is None or int(value) == chosen:
+                continue
+            if chosen == 1:
+                chosen = int(value)
+                continue
+            where = "the DeepSpeed config" + ("" if name is None else f" of plugin {name!r}")
+            raise ValueError(f"gradient_accumulation_steps is {value} in {where} and {chosen} in Accelerator("
+                             "gradient_accumulation_steps=...): set one of them (or 'auto' in the config).")
+        return chosen
+
+    # ------------------------------------------------------------ engines
+    def _record(self, model) -> _Engine:
+        for record in self._engines:
+            if record.engine is model or record.engine.module is model:
+                return record
+        raise ValueError("This model was not prepared by this Accelerator's DeepSpeed strategy: pass it to "
+                         "accelerator.prepare() first.")
+
+    def engine_of(self, model=None):
+        """The engine of ``model`` (a prepared engine or the module inside it); without a model, the one engine
+        that trains (has an optimizer)."""
+        if model is not None:
+            return self._record(model).engine
+        training = [r for r in self._engines if r.client_optimizer is not None]  # (ZeRO-3 inference engines
+        # have an optimizer object of their own, managing partitions)
+        if len(training) == 1:
+            return training[0].engine
+        if not training:
+            raise ValueError("No DeepSpeed engine with an optimizer was prepared: prepare the model together with its "
+                             "optimizer before calling backward().")
+        raise ValueError(f"{len(training)} DeepSpeed engines train: say which one, with accelerator.backward(loss, "
+                         "model=engine) or by calling backward on the engine.")
+
+    @property
+    def engines(self) -> list:
+        return [record.engine for record in self._engines]
+
+    def forget(self) -> None:
+        """Drop every engine (``Accelerator.free_memory``)."""
+        self._engines.clear()
+        getattr(self, "_engine_schedulers", {}).clear()
+
+    # ------------------------------------------------------------ the training step
+    def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, **kwargs) -> None:
+        from ..state import GradientState
+
+        engine_model = kwargs.pop("model", None) or model
+        record = self._record(engine_model) if engine_model is not None else self._record(self.engine_of())
+        engine = record.engine
+        boundary = GradientState().sync_gradients
+        engine.set_gradient_accumulation_boundary(boundary)
+        loss = self.normalize_loss(loss, accumulation_steps, num_items_in_batch)
+        engine.backward(loss, scale_wrt_gas=False, **kwargs)
+        record.stepped = False
+
+    def step(self, engine) -> None:
+        """The engine's optimizer step for the current accumulation cycle, once."""
+        record = self._record(engine)
+        if record.stepped:
+            return
+        record.engine.step()
+        record.stepped = True
+
+    def no_sync(self, model):
+        """The boundary given to the engine before each backward decides when it reduces gradients."""
+        return contextlib.nullcontext()
+
+    def unscale_gradients(self, optimizers) -> None:
+        """The engine unscales fp16 gradients inside its step."""
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2, *, models=(), optimizers=()):
+        """Take the engine's step with ``max_norm`` as its clipping value; returns the gradients' global norm."""
+        if float(norm_type) != 2.0:
+            raise ValueError(f"DeepSpeed clips by the global 2-norm; clip_grad_norm_ got norm_type={norm_type}.")
+        engine = self._clip_target(parameters, models)
+        configured = self._configured_clipping()
+        if configured is not None and float(configured) != float(max_norm):
+            raise ValueError(
+                f"The DeepSpeed config sets gradient_clipping={configured} and clip_grad_norm_ asks for max_norm="
+                f"{max_norm}: set gradient_clipping to 'auto' in the config (it then follows clip_grad_norm_) or make "
+                "both the same.")
+        from .deepspeed_state import engine_kind
+
+        engine._config.gradient_clipping = float(max_norm)
+        optimizer = engine.optimizer
+        if hasattr(optimizer, "clip_grad"):
+            optimizer.clip_grad = float(max_norm)
+        norm = None
+        if engine_kind(engine) == "torch":  # stage 0 in fp32: the gradients are whole and reduced already
+            grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads, norm_type=2) if grads else torch.tensor(0.0)
+        self.step(engine)
+        if norm is None:
+            norm = engine.get_global_grad_norm()
+        return torch.as_tensor(norm if norm is not None else float("nan"), dtype=torch.float32)
+
+    def _configured_clipping(self):
+        """The clipping value the user's config file set explicitly (not 'auto'), or None."""
+        plugin = self.plugin
+        value = plugin.hf_ds_config.get_value("gradient_clipping")
+        explicit_plugin = plugin.gradient_clipping not in (None, "auto")
+        if value in (None, "auto") or not _from_file(plugin):
+            return plugin.gradient_clipping if explicit_plugin else None
+        return value
+
+    def _clip_target(self, parameters, models):
+        wanted = {id(p) for p in parameters} if not isinstance(parameters, torch.Tensor) else {id(parameters)}
+        for record in self._engines:
+            if any(id(p) in wanted for p in record.engine.module.parameters()):
+                return record.engine
+        return self.engine_of()
+
+    def clip_grad_value_(self, parameters, clip_value, *, models=(), optimizers=()):
+        raise NotImplementedError("DeepSpeed clips by the global norm only: use accelerator.clip_grad_norm_(..., "
+                                  "max_norm) (or gradient_clipping in the DeepSpeed config).")
+
+    # ------------------------------------------------------------ state dicts
+    def unwrap(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
+        return super().unwrap(getattr(model, "module", model) if _is_engine(model) else model,
+                              keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
+    def model_state_dict(self, model, full: bool = True) -> dict:
+        """The module's weights (16-bit under bf16/fp16, as the engine holds them); ZeRO-3 gathers them."""
+        from .deepspeed_state import full_model_state
+
+        if not _is_engine(model):
+            return super().model_state_dict(model, full)
+        return full_model_state(model)
+
+    def master_model_state_dict(self, model) -> dict:
+        """The fp32 master weights (what the optimizer updates), whole, on every rank."""
+        from .deepspeed_state import full_model_state
+
+        return full_model_state(model, fp32=True)
+
+    def load_model_state_dict(self, model, state_dict, strict=True):
+        from .deepspeed_state import load_full_state
+
+        if not _is_engine(model):
+            return super().load_model_state_dict(model, state_dict, strict)
+        load_full_state(model, state_dict, None, [], strict=strict)
+
+    def expected_state_dict(self, model, keep_vars=False) -> dict:
+        from .deepspeed_state import expected_model_state
+
+        if not _is_engine(model):
+            return super().expected_state_dict(model, keep_vars)
+        return expected_model_state(model)
+
+    def optimizer_state_dict(self, model, optimizer) -> dict:
+        from .deepspeed_state import full_optimizer_state
+
+        engine = _wrapped_engine(optimizer)
+        return full_optimizer_state(engine, self._record(engine).names)
+
+    def load_optimizer_state_dict(self, model, optimizer, state_dict) -> None:
+        from .deepspeed_state import load_full_state
+
+        engine = _wrapped_engine(optimizer)
+        load_full_state(engine, None, state_dict, self._record(engine).names)
+
+    def optimizer_parameter_names(self, model, optimizer) -> list:
+        return self._record(_wrapped_engine(optimizer)).names
+
+    def optimizer_group_sizes(self, model, optimizer) -> list:
+        return [len(group) for group in self.optimizer_parameter_names(model, optimizer)]
+
+    def __repr__(self) -> str:
+        stages = {name: p.hf_ds_config.get_value("zero_optimization.stage") for name, p in self.plugins.items()}
+        shown = stages[None] if list(stages) == [None] else stages
+        return f"DeepSpeedStrategy(zero_stage={shown}, processes={self.state.num_processes})"
+
+
+def _from_file(plugin) -> bool:
+    """Whether the plugin's config came from the user (a file or dict), not from the plugin's own fields."""
+    return getattr(plugin, "_config_given", False)
+
+
+def _is_engine(model) -> bool:
+    engine_type = getattr(__import__("sys").modules.get("deepspeed.runtime.engine"), "DeepSpeedEngine", None)
+    return engine_type is not None and isinstance(model, engine_type)
+
+
+def _wrapped_engine(optimizer):
+    engine = getattr(optimizer, "engine", None)
+    if engine is None:
+        raise ValueError("This optimizer was not prepared under DeepSpeed (it has no engine).")
+    return engine
+
+
+def _parameter_names(model: nn.Module, optimizer) -> list:
+    """The names of the optimizer's parameters per group, in its order (a DummyOptim's params too)."""
+    from ..checkpointing.optimizer_names import clean_name
+
+    names = {id(p): clean_name(n) for n, p in model.named_parameters()}
+    if optimizer is None:
+        return []
+    groups = getattr(optimizer, "param_groups", None)
+    if groups is None:  # DummyOptim: a list of parameters or of groups
+        params = list(optimizer.params)
+        groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+    return [[names.get(id(p), "") for p in group["params"]] for group in groups]
+
+
+def _single_process_environment() -> None:
+    """DeepSpeed needs a process group even on one process: a local one, as torchrun would describe it."""
+    from ..utils.network import find_free_port
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(find_free_port()))
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)

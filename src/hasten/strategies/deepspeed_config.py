@@ -1,0 +1,198 @@
+"""The DeepSpeed config an engine is built from: every ``"auto"`` filled, every contradiction refused.
+
+A ``DeepSpeedPlugin`` holds the user's config (a file, a dict, or one built from the plugin's fields). Before an
+engine is built, ``resolved_config`` copies it and fills each ``"auto"`` value from what the run knows:
+
+=============================================  ==========================================================
+``"auto"`` key                                 becomes
+=============================================  ==========================================================
+``train_micro_batch_size_per_gpu``             the prepared training loaders' batch size per data-parallel
+                                               rank (the smallest with ``is_train_batch_min=True``, else
+                                               the largest); with no loader prepared yet: an error
+``gradient_accumulation_steps``                ``Accelerator(gradient_accumulation_steps=...)``
+``train_batch_size``                           micro batch x accumulation steps x data-parallel size
+``gradient_clipping``                          the plugin's ``gradient_clipping``, else 1.0 (DeepSpeed's own
+                                               default); ``clip_grad_norm_(max_norm)`` replaces it at the
+                                               step it is called
+``fp16.enabled`` / ``bf16.enabled``            ``mixed_precision`` ("bf16" for fp8)
+``zero_optimization.reduce_bucket_size``       hidden_size x hidden_size
+``zero_optimization.stage3_prefetch_bucket_size``  0.9 x hidden_size x hidden_size
+``zero_optimization.stage3_param_persistence_threshold``  10 x hidden_size
+``optimizer.params.lr`` / ``weight_decay``     ``DummyOptim(lr=, weight_decay=)``
+``scheduler.params.*`` (warmup / total steps)  ``DummyScheduler(warmup_num_steps=, total_num_steps=)``
+=============================================  ==========================================================
+
+``hidden_size`` is the model's ``config.hidden_size`` (or the largest of ``config.hidden_sizes``); a model
+without one leaves those three keys to DeepSpeed's defaults (they are removed). A value that is set both in the
+config and by the Accelerator, and differs, is an error naming both: nothing is overridden silently.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+__all__ = ["resolved_config", "check_plugin_config", "hidden_size_of", "micro_batch_size"]
+
+_STAGES = (0, 1, 2, 3)
+_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+
+
+def _get(config: dict, dotted: str, default=None):
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def check_plugin_config(config: dict, device_type: str, mixed_precision: str, what: str = "DeepSpeed config") -> None:
+    """Refuse what no engine can run, before anything is built: an unknown ZeRO stage, an offload device without
+    its nvme path or outside none|cpu|nvme, parameter offload below stage 3, fp16 on a CPU."""
+    stage = _get(config, "zero_optimization.stage", 0)
+    if stage != "auto" and (isinstance(stage, bool) or stage not in _STAGES):
+        raise ValueError(f"{what}: zero_optimization.stage={stage!r} is not a ZeRO stage: use 0, 1, 2 or 3.")
+    for kind in ("offload_optimizer", "offload_param"):
+        device = _get(config, f"zero_optimization.{kind}.device", "none")
+        device = "none" if device is None else str(device).lower()
+        if device not in _OFFLOAD_DEVICES:
+            raise ValueError(f"{what}: zero_optimization.{kind}.device={device!r}: use none, cpu or nvme.")
+        if device == "nvme" and _get(config, f"zero_optimization.{kind}.nvme_path") in (None, "none", ""):
+            raise ValueError(
+                f"{what}: zero_optimization.{kind}.device is 'nvme' and no nvme_path is given: set "
+                f"zero_optimization.{kind}.nvme_path (DeepSpeedPlugin({kind}_nvme_path=...)) to a folder on the "
+                "NVMe drive.")
+        if device != "none" and kind == "offload_param" and stage != 3:
+            raise ValueError(f"{what}: offload_param needs ZeRO stage 3 (the stage is {stage}): use zero_stage=3 or "
+                             "offload the optimizer only.")
+        if device != "none" and kind == "offload_optimizer" and stage == 0:
+            raise ValueError(f"{what}: offload_optimizer needs ZeRO stage 1, 2 or 3 (the stage is 0).")
+    fp16 = str(_get(config, "fp16.enabled", False)).lower() == "true" or mixed_precision == "fp16"
+    if fp16 and device_type == "cpu":
+        raise ValueError(
+            "DeepSpeed refuses fp16 on the CPU (its loss scaler and fused kernels need a GPU): use "
+            "mixed_precision='bf16' (or fp32) on CPUs, or run on a GPU.")
+
+
+def hidden_size_of(model) -> Optional[int]:
+    """The model's hidden size from its ``config`` (transformers' convention), or None."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    size = getattr(config, "hidden_size", None)
+    if size is None and getattr(config, "hidden_sizes", None):
+        size = max(config.hidden_sizes)
+    return int(size) if size is not None else None
+
+
+def micro_batch_size(loaders, data_parallel_size: int, is_train_batch_min: bool) -> Optional[int]:
+    """The batch size each data-parallel rank takes per step, from the prepared loaders (None without any)."""
+    sizes = []
+    for loader in loaders:
+        total = getattr(loader, "total_batch_size", None)
+        if total is None:
+            batch = getattr(loader, "batch_size", None)
+            total = batch * data_parallel_size if batch else None
+        if total:
+            sizes.append(max(1, total // data_parallel_size))
+    if not sizes:
+        return None
+    return min(sizes) if is_train_batch_min else max(sizes)
+
+
+class _Filler:
+    """Fills ``"auto"`` values of ``config``; a set value that contradicts what the run says is recorded."""
+
+    def __init__(self, config: dict):
+        self.config = config
+        self.conflicts: list = []
+
+    def fill(self, dotted: str, value, source: str, must_match: bool = True) -> None:
+        parts = dotted.split(".")
+        node = self.config
+        for part in parts[:-1]:
+            node = node.get(part)
+            if not isinstance(node, dict):
+                return
+        key = parts[-1]
+        if key not in node:
+            return
+        if node[key] == "auto":
+            if value is None:
+                raise ValueError(f"The DeepSpeed config's {dotted} is 'auto' and {source} does not tell its value: set "
+                                 f"{dotted} to a number in the config.")
+            node[key] = value
+        elif must_match and value is not None and node[key] != value:
+            self.conflicts.append(f"{dotted}={node[key]!r} in the DeepSpeed config vs {value!r} from {source}")
+
+    def drop_auto(self, dotted: str) -> None:
+        parent, _, key = dotted.rpartition(".")
+        node = _get(self.config, parent) if parent else self.config
+        if isinstance(node, dict) and node.get(key) == "auto":
+            del node[key]
+
+
+def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loaders=(), accumulation_steps: int = 1,
+                    data_parallel_size: int = 1, mixed_precision: str = "no", device_type: str = "cpu") -> dict:
+    """A copy of ``plugin``'s config with every ``"auto"`` filled (see the module's table); a ValueError lists
+    every value the config sets differently from the run."""
+    from ..utils.deepspeed import DummyOptim, DummyScheduler
+
+    config = copy.deepcopy(plugin.deepspeed_config)
+    config.pop("steps_per_print", None)
+    config["steps_per_print"] = 2 ** 62  # DeepSpeed would print a line every few steps
+    config.setdefault("zero_allow_untested_optimizer", True)  # any torch optimizer the script built (SGD, ...)
+    if not getattr(plugin, "_accumulation_given", True):  # a config file without it: the Accelerator's
+        config["gradient_accumulation_steps"] = "auto"
+    check_plugin_config(config, device_type, mixed_precision)
+    filler = _Filler(config)
+    micro = micro_batch_size(loaders, data_parallel_size, plugin.is_train_batch_min)
+    if micro is None and config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        if isinstance(config.get("train_batch_size"), int) and not isinstance(config.get("train_batch_size"), bool):
+            micro = config["train_batch_size"] // max(1, accumulation_steps * data_parallel_size)
+        elif model is not None and optimizer is None:
+            micro = 1  # an inference engine: the batch size only sizes buffers
+        else:
+            raise ValueError(
+                "The DeepSpeed config's train_micro_batch_size_per_gpu is 'auto' and no training DataLoader has been "
+                "prepared to tell it: pass the loader to the same prepare() call as the model (or earlier), or set "
+                "train_micro_batch_size_per_gpu in the DeepSpeed config.")
+    filler.fill("train_micro_batch_size_per_gpu", micro, "the prepared DataLoader's batch size per process")
+    filler.fill("gradient_accumulation_steps", accumulation_steps, "Accelerator(gradient_accumulation_steps=...)")
+    micro_value = config.get("train_micro_batch_size_per_gpu")
+    if isinstance(micro_value, int):
+        filler.fill("train_batch_size", micro_value * accumulation_steps * data_parallel_size,
+                    f"micro batch {micro_value} x accumulation {accumulation_steps} x {data_parallel_size} "
+                    "data-parallel processes")
+    clipping = plugin.gradient_clipping if plugin.gradient_clipping not in (None, "auto") else 1.0
+    filler.fill("gradient_clipping", clipping, "DeepSpeedPlugin(gradient_clipping=...)", must_match=False)
+    plugin_precision = {"fp16.enabled": mixed_precision == "fp16", "bf16.enabled": mixed_precision in ("bf16", "fp8")}
+    for dotted, value in plugin_precision.items():
+        filler.fill(dotted, value, f"mixed_precision={mixed_precision!r}", must_match=False)
+    hidden = hidden_size_of(model) if model is not None else None
+    for dotted, value in (("zero_optimization.reduce_bucket_size", None if hidden is None else hidden * hidden),
+                          ("zero_optimization.stage3_prefetch_bucket_size",
+                           None if hidden is None else int(0.9 * hidden * hidden)),
+                          ("zero_optimization.stage3_param_persistence_threshold",
+                           None if hidden is None else 10 * hidden)):
+        if hidden is None:
+            filler.drop_auto(dotted)
+        else:
+            filler.fill(dotted, value, f"the model's hidden_size {hidden}", must_match=False)
+    if isinstance(optimizer, DummyOptim):
+        filler.fill("optimizer.params.lr", optimizer.lr, "DummyOptim(lr=...)")
+        filler.fill("optimizer.params.weight_decay", optimizer.weight_decay, "DummyOptim(weight_decay=...)")
+    if isinstance(scheduler, DummyScheduler):
+        for key in ("warmup_num_steps", "warmup_max_lr", "warmup_min_lr", "total_num_steps"):
+            value = getattr(scheduler, key, None) if hasattr(scheduler, key) else scheduler.kwargs.get(key)
+            if key == "warmup_max_lr" and value is None and isinstance(optimizer, DummyOptim):
+                value = optimizer.lr
+            if key == "warmup_min_lr" and value is None:
+                value = 0
+            filler.fill(f"scheduler.params.{key}", value, f"DummyScheduler({key}=...)")
+    if filler.conflicts:
+        raise ValueError("The DeepSpeed config contradicts the run:\n- " + "\n- ".join(filler.conflicts)
+                         + "\nSet these values to 'auto' in the config (they are then taken from the run), or make "
+                           "both sides agree.")
+    return config
+
