@@ -16,6 +16,22 @@ for _key in list(os.environ):
         os.environ.pop(_key)
 
 
+# Variables an optional library sets when it is imported (deepspeed: PYTORCH_NVML_BASED_CUDA_CHECK; hasten's
+# DeepSpeed strategy: DS_ACCELERATOR): put back after every test, so no test sees another's imports.
+_IMPORT_SET_VARIABLES = ("PYTORCH_NVML_BASED_CUDA_CHECK", "DS_ACCELERATOR")
+_IMPORT_SET_BEFORE = {name: os.environ.get(name) for name in _IMPORT_SET_VARIABLES}
+
+
+@pytest.fixture(autouse=True)
+def variables_set_by_imports_put_back():
+    yield
+    for name, value in _IMPORT_SET_BEFORE.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(autouse=True)
 def fresh_state():
     """Every test starts and ends with no shared process / accelerator / gradient state."""

@@ -113,7 +113,7 @@ def test_scheduler_needs_its_optimizer_prepared():
     ({"gradient_accumulation_steps": 2, "gradient_accumulation_plugin": GradientAccumulationPlugin(num_steps=2)},
      ValueError, "not both"),
     ({"fsdp_plugin": object()}, TypeError, "fsdp_plugin must be a FullyShardedDataParallelPlugin"),
-    ({"deepspeed_plugin": object()}, NotImplementedError, "DeepSpeed"),
+    ({"deepspeed_plugin": object()}, TypeError, "must be a DeepSpeedPlugin"),
     ({"megatron_lm_plugin": object()}, NotImplementedError, "Megatron"),
     ({"log_with": "tensorboard"}, NotImplementedError, "tracking"),
     ({"kwargs_handlers": ["x"]}, TypeError, "KwargsHandler"),

@@ -4,12 +4,15 @@ fp32 weights and Adam moments the live engine held, in torch.optim's own state_d
 One launch of tests/distributed/make_deepspeed_checkpoints.py (2 processes, DeepSpeed on CPU) writes every case;
 the tests then read the folders in this process, with no process group.
 """
+import importlib.util
 import shutil
 import sys
 
 import pytest
 
-pytest.importorskip("deepspeed")
+# deepspeed is imported inside the tests only (importing it sets variables: conftest puts them back)
+pytestmark = [pytest.mark.deepspeed, pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                                         reason="needs the deepspeed extra (make test installs it)")]
 
 import torch  # noqa: E402
 

@@ -31,6 +31,8 @@ from .parallel import ParallelDims, resolve_parallelism_config
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState
 from .strategies import select_strategy
+from .utils.deepspeed import (  # noqa: F401 - Accelerate's names in this module, as with deepspeed installed
+    DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper, DummyOptim, DummyScheduler)
 from .utils import operations
 from .utils.memory import release_memory
 from .utils.serialization import save as _save
@@ -411,8 +413,6 @@ class Accelerator:
     @staticmethod
     def _kind(obj) -> Optional[str]:
         """What prepare() does with ``obj``; None: nothing (it is returned as given, as Accelerate does)."""
-        from .utils.deepspeed import DummyOptim, DummyScheduler
-
         if isinstance(obj, nn.Module):
             return "model"
         if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):

@@ -175,6 +175,8 @@ def check_config_optimizer_and_scheduler() -> None:
     scheduler = DummyScheduler(optimizer, warmup_num_steps=4)
     expect_error(lambda: accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1)), "defines an optimizer",
                  "DummyOptim")
+    own = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters(), lr=0.1), step_size=1)
+    expect_error(lambda: accelerator.prepare(model, optimizer, own), "defines a scheduler", "DummyScheduler")
     engine, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler,
                                                                DataLoader(data(), batch_size=4))
     rates = []
@@ -200,7 +202,7 @@ def train_steps(accelerator, engine, optimizer, loader, skip: int = 0, limit: in
             break
         with accelerator.accumulate(engine):
             loss = nn.functional.mse_loss(engine(x), y)
-            accelerator.backward(loss)
+            accelerator.backward(loss, model=engine)  # which engine, when several train
             if accelerator.sync_gradients:
                 accelerator.clip_grad_norm_(engine.parameters(), 0.7)
             optimizer.step()
@@ -221,7 +223,12 @@ def check_exact_resume(work: Path, stage: int, precision: str) -> None:
     folder = work / f"resume_zero{stage}_{precision}"
     accelerator, engine, optimizer, loader = objects()
     train_steps(accelerator, engine, optimizer, loader, limit=6)
-    accelerator.save_state(folder)
+    if stage == 2:
+        expect_error(lambda: accelerator.save_state(folder, client_state={}), "client_state",
+                     "exclude_frozen_parameters")
+        accelerator.save_state(folder, exclude_frozen_parameters=True)  # to engine.save_checkpoint
+    else:
+        accelerator.save_state(folder)
     expected = train_steps(accelerator, engine, optimizer, loader, skip=6, limit=6)
     expected_weights = accelerator.strategy.master_model_state_dict(engine)
 

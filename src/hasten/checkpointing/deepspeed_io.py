@@ -40,6 +40,7 @@ class EngineSnapshot(Snapshot):
     """A full-state snapshot without models and optimizers, plus the engines that write those themselves."""
 
     engines: list = field(default_factory=list)
+    options: dict = field(default_factory=dict)  # save_state(**save_model_func_kwargs): engine.save_checkpoint's
 
 
 @dataclass
@@ -70,12 +71,13 @@ class DeepSpeedCheckpointIO:
         snapshot = take_snapshot(strategy, dataclasses.replace(targets, models=[], optimizers=[]))
         engines = [strategy.engine_of(model) for model in targets.models]
         return EngineSnapshot(**{f.name: getattr(snapshot, f.name) for f in dataclasses.fields(Snapshot)},
-                              engines=engines)
+                              engines=engines, options=dict(getattr(strategy, "save_options", {})))
 
     def write(self, strategy, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
               safe_serialization: bool = True, process_group=None) -> None:
         for index, engine in enumerate(collected.engines):  # collective: every rank writes its partitions
-            engine.save_checkpoint(str(staging), tag=engine_tag(index), client_state={}, save_latest=index == 0)
+            engine.save_checkpoint(str(staging), tag=engine_tag(index), client_state={}, save_latest=index == 0,
+                                   **collected.options)
         rest = Snapshot(**{f.name: getattr(collected, f.name) for f in dataclasses.fields(Snapshot)})
         write_full_state(staging, rest, writes_shared_files=writes_shared_files, process_index=process_index,
                          safe_serialization=safe_serialization)

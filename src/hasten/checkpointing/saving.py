@@ -61,10 +61,13 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, as
     from . import async_save as background
 
     background.wait_for_pending()  # the previous asynchronous save completes (or raises) before this one
-    if save_model_func_kwargs:
+    accepted = accelerator.strategy.save_options_accepted
+    unknown = sorted(set(save_model_func_kwargs) - set(accepted))
+    if unknown:
         raise TypeError(
-            f"save_state got {sorted(save_model_func_kwargs)}: extra model-saving options are passed to a backend's "
-            f"own checkpoint function (DeepSpeed), and {type(accelerator.strategy).__name__} takes none."
+            f"save_state got {unknown}: extra model-saving options are passed to a backend's own checkpoint function "
+            f"(DeepSpeed's save_checkpoint), and {type(accelerator.strategy).__name__} takes "
+            f"{sorted(accepted) if accepted else 'none'}."
         )
     if async_save and not accelerator.strategy.supports_async_save:
         raise ValueError(f"save_state(async_save=True) is not available with {type(accelerator.strategy).__name__}: its "
@@ -77,6 +80,8 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, as
     group = background.completion_group() if async_save else None  # collective, once, on the first async save
     copy = (lambda taken: background.detached_copy(taken, reuse=True)) if async_save else (lambda taken: taken)
     strategy, targets = accelerator.strategy, accelerator.checkpoint_targets()
+    if accepted:
+        strategy.save_options = dict(save_model_func_kwargs)  # this save's; the IO reads them while collecting
     snapshot = together("collecting the state to save", lambda: copy(strategy.collect_checkpoint(targets)))
     if automatic:
         together("cleaning the checkpoints folder",

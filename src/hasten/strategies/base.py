@@ -43,6 +43,9 @@ class Strategy:
     #: whether ``save_state(async_save=True)`` may write in a background thread (an engine that writes its own
     #: files collectively cannot)
     supports_async_save: bool = True
+    #: the keyword arguments ``save_state(**save_model_func_kwargs)`` may pass to the backend's own checkpoint
+    #: function (read by its checkpoint IO from ``save_options``); none by default
+    save_options_accepted: tuple = ()
 
     def __init__(self, state, kwargs_handlers: Optional[dict] = None, dims=None):
         self.state = state

@@ -107,6 +107,7 @@ class DeepSpeedStrategy(Strategy):
     distributed_type = DistributedType.DEEPSPEED
     prepares_models_with_optimizers = True
     supports_async_save = False
+    save_options_accepted = ("exclude_frozen_parameters",)  # engine.save_checkpoint's
 
     def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
         from ..config.deepspeed import DeepSpeedPlugin
@@ -133,6 +134,7 @@ class DeepSpeedStrategy(Strategy):
         self.plugins = plugins
         super().__init__(state, kwargs_handlers, dims)
         self._engines: list = []
+        self.save_options: dict = {}  # save_state(**save_model_func_kwargs) for the save in progress
         from ..checkpointing.deepspeed_io import DeepSpeedCheckpointIO
 
         self.checkpoint_io = DeepSpeedCheckpointIO()
