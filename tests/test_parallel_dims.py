@@ -246,7 +246,7 @@ def test_a_size_flag_implies_the_switch_with_a_note(script):
      "dp_shard_size=2 x tp_size=2 = 4 processes, but the job has 2 processes"),
     (["--parallelism_config_tp_size", "0", "-n", "2"], "--parallelism_config_tp_size 0: expected an integer >= 1"),
     (["--parallelism_config_cp_size", "2", "--parallelism_config_sp_size", "2", "-n", "4"], "exclude each other"),
-    (["--parallelism_config_dp_replicate_size", "2", "--parallelism_config_tp_size", "2", "-n", "4"],
+    (["--parallelism_config_dp_replicate_size", "2", "--parallelism_config_cp_size", "2", "-n", "4"],
      "pure data-parallel replication"),
     (["--parallelism_config_cp_comm_strategy", "ring", "-n", "1"], "expected one of 'allgather', 'alltoall'"),
     (["--parallelism_config_sp_seq_length_is_variable", "maybe", "-n", "1"], "expected true or false"),

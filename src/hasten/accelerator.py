@@ -506,14 +506,15 @@ class Accelerator:
                 "before) the scheduler."
             )
         split_batches = self.dataloader_config.split_batches
-        if not split_batches and self.num_processes > 1 and self.step_scheduler_with_optimizer \
+        data_parallel = self.strategy.data_parallel_size  # the ranks of a tensor-parallel group share one batch
+        if not split_batches and data_parallel > 1 and self.step_scheduler_with_optimizer \
                 and not self._told_about_scheduler:
             self._told_about_scheduler = True
             get_logger(__name__).warning(
-                "The prepared scheduler advances %d steps per optimizer step (one per process), so a schedule "
-                "written in single-process steps keeps its meaning. Use "
+                "The prepared scheduler advances %d steps per optimizer step (one per data-parallel process), so a "
+                "schedule written in single-process steps keeps its meaning. Use "
                 "DataLoaderConfiguration(split_batches=True) for one scheduler step per optimizer step.",
-                self.num_processes,
+                data_parallel,
             )
         owned = self.strategy.engine_scheduler_for(scheduler, optimizers)
         if owned is not None:  # a scheduler a backend's engine built and steps itself (DeepSpeed's DummyScheduler)
@@ -522,6 +523,7 @@ class Accelerator:
         wrapped = AcceleratedScheduler(scheduler, optimizers or self._optimizers,
                                        step_with_optimizer=self.step_scheduler_with_optimizer,
                                        split_batches=split_batches)
+        wrapped.data_parallel_size = data_parallel
         self._prepared.add(scheduler)
         return self._remember(wrapped, self._schedulers)
 

@@ -32,8 +32,13 @@ class AcceleratedScheduler:
         self.split_batches = split_batches
         self.step_with_optimizer = step_with_optimizer
         self.gradient_state = GradientState()
+        #: the processes that each consume their own batch per step (the Accelerator sets it to the data-parallel
+        #: size: the ranks of one tensor-parallel group share a batch); None: every process
+        self.data_parallel_size = None
 
     def _num_processes(self) -> int:
+        if self.data_parallel_size is not None:
+            return self.data_parallel_size
         if AcceleratorState._shared_state:
             return AcceleratorState().num_processes
         return PartialState().num_processes if PartialState._shared_state else 1

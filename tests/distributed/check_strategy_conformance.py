@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, ParallelismConfig
+from hasten.utils import TorchTensorParallelConfig
 from hasten.checkpointing.deepspeed_reader import deepspeed_parameter_names, read_deepspeed_checkpoint
 from hasten.checkpointing.optimizer_names import by_name, by_position
 from hasten.checkpointing.sharded_files import model_weights_from_shards, optimizer_state_from_shards
@@ -47,6 +48,12 @@ STRATEGIES = {
         fsdp_version=1, use_orig_params=True, state_dict_type="SHARDED_STATE_DICT")}, "FSDP1Strategy"),
     "hsdp": (4, {"parallelism_config": ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)}, "FSDPStrategy"),
 }
+# Tensor parallelism (DTensor): the MLP's first Linear split by output features, the second by input features;
+# alone on 2 processes, then with FSDP2 (2 x 2) and with data-parallel replication (DDP x TP, 2 x 2).
+MLP_PLAN = {"0": "colwise", "2": "rowwise"}
+for _name, _sizes in (("tp", {}), ("fsdp_tp", {"dp_shard_size": 2}), ("ddp_tp", {"dp_replicate_size": 2})):
+    STRATEGIES[_name] = (2 * (2 if _sizes else 1), {"parallelism_config": ParallelismConfig(
+        tp_size=2, tp_handler=TorchTensorParallelConfig(tp_plan=MLP_PLAN), **_sizes)}, "ModelParallelStrategy")
 # DeepSpeed ZeRO 0-3, fp32 and bf16 (16-bit weights, fp32 master weights and moments), optimizer and parameter
 # offload to the CPU (DeepSpeedCPUAdam); each engine writes its own checkpoint (pytorch_model/). Only with the
 # deepspeed extra installed (make test installs it).

@@ -41,10 +41,10 @@ def check_size_combination(dp_replicate_size: int = 1, dp_shard_size: int = 1, t
     if cp_size > 1 and sp_size > 1:
         raise ValueError(f"Context parallelism and sequence parallelism exclude each other: got "
                          f"cp_size={cp_size} and sp_size={sp_size}; set one of them to 1.")
-    if (tp_size > 1 or cp_size > 1) and dp_replicate_size > 1 and dp_shard_size == 1:
-        raise ValueError("Tensor/context parallelism cannot be combined with pure data-parallel replication "
+    if cp_size > 1 and dp_replicate_size > 1 and dp_shard_size == 1:
+        raise ValueError("Context parallelism cannot be combined with pure data-parallel replication "
                          f"(dp_replicate_size={dp_replicate_size}, dp_shard_size=1): set dp_shard_size > 1 (FSDP + "
-                         "TP/CP, or HSDP + TP/CP with dp_replicate_size > 1).")
+                         "CP, or HSDP + CP with dp_replicate_size > 1).")
 
 
 @dataclass
@@ -106,13 +106,22 @@ class DeepSpeedSequenceParallelConfig:
 
 @dataclass
 class TorchTensorParallelConfig:
-    """Options of PyTorch tensor parallelism. ``enable_async_tp`` is accepted and ignored (as in Accelerate)."""
+    """Options of PyTorch tensor parallelism. ``enable_async_tp`` is accepted and ignored (as in Accelerate).
+
+    tp_plan: how to split the model's modules over the ``tp`` dimension, ``{module name pattern: style}`` (``*``
+        stands for a layer index; styles "colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence_parallel"
+        or a torch ``ParallelStyle``). None: the model's own ``_tp_plan`` (transformers' convention).
+    """
 
     enable_async_tp: bool = False
+    tp_plan: Optional[dict] = None
 
     def __post_init__(self):
         if self.enable_async_tp:
             warnings.warn("Async tensor parallelism is not supported; enable_async_tp is ignored.")
+        if self.tp_plan is not None and not isinstance(self.tp_plan, dict):
+            raise TypeError(f"TorchTensorParallelConfig.tp_plan must be a dict {{module name pattern: style}}, got "
+                            f"{type(self.tp_plan).__name__}.")
 
 
 @dataclass

@@ -91,6 +91,9 @@ class ParallelDims:
     sp: int = 1
     world_size: int = 1
     rank: Optional[int] = None
+    #: dimensions of size 1 kept in the mesh all the same (a backend that needs their names: DDP x TP shards over a
+    #: one-rank ``dp_shard`` dimension); set before the mesh is built
+    unit_dims: tuple = field(default=(), compare=False)
     _mesh: Optional["DeviceMesh"] = field(default=None, init=False, repr=False, compare=False)
     _flattened: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _solo_group: Optional["ProcessGroup"] = field(default=None, init=False, repr=False, compare=False)
@@ -183,7 +186,7 @@ class ParallelDims:
     @property
     def mesh_dim_names(self) -> tuple:
         """Named dimensions of the mesh: those larger than 1, in ``MESH_ORDER``; ``("dp_replicate",)`` when none."""
-        names = tuple(name for name in MESH_ORDER if getattr(self, name) > 1)
+        names = tuple(name for name in MESH_ORDER if getattr(self, name) > 1 or name in self.unit_dims)
         return names or ("dp_replicate",)
 
     @property

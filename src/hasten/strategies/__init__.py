@@ -29,9 +29,41 @@ def _fsdp(state, kwargs_handlers, dims, plugin=None) -> Strategy:
     if plugin is None:
         plugin = (FullyShardedDataParallelPlugin(fsdp_version=2) if dims is not None and dims.dp_shard > 1
                   and not _env_selects("use_fsdp") else FullyShardedDataParallelPlugin())
+    if dims is not None and dims.tp > 1:  # FSDP x TP: the tensor-parallel engine shards with this plugin
+        if isinstance(plugin, FullyShardedDataParallelPlugin) and plugin.fsdp_version == 1:
+            raise ValueError("Tensor parallelism composes with FSDP2 only: use FullyShardedDataParallelPlugin("
+                             "fsdp_version=2) with ParallelismConfig(tp_size=...).")
+        return _tensor_parallel(state, kwargs_handlers, dims, None, fsdp_plugin=plugin)
     if isinstance(plugin, FullyShardedDataParallelPlugin) and plugin.fsdp_version == 1:
         return FSDP1Strategy(state, kwargs_handlers, dims, plugin)
     return FSDPStrategy(state, kwargs_handlers, dims, plugin)
+
+
+def _tensor_parallel(state, kwargs_handlers, dims, plugin=None, fsdp_plugin=None) -> Strategy:
+    """Tensor parallelism on DTensor (``strategies/model_parallel.py``), from a ParallelismConfig's ``tp_size`` or a
+    ``TorchTensorParallelPlugin`` (whose tp_size splits the processes into tp groups, the rest data parallel)."""
+    from ..parallel import ParallelDims
+    from .model_parallel import ModelParallelStrategy
+
+    if plugin is not None:
+        from ..config.parallelism import TorchTensorParallelPlugin
+
+        if not isinstance(plugin, TorchTensorParallelPlugin):
+            raise TypeError(f"torch_tp_plugin must be a TorchTensorParallelPlugin, got {type(plugin).__name__}.")
+        if dims is not None and dims.tp not in (1, plugin.tp_size):
+            raise ValueError(f"torch_tp_plugin has tp_size={plugin.tp_size} and the ParallelismConfig tp_size="
+                             f"{dims.tp}: give one of them.")
+        if plugin.tp_size == 1 and (dims is None or dims.tp == 1):
+            return _default(state, kwargs_handlers, dims)  # nothing to split
+        if dims is None or dims.tp == 1:
+            world = state.num_processes
+            if world % plugin.tp_size:
+                raise ValueError(f"TorchTensorParallelPlugin(tp_size={plugin.tp_size}) does not divide the "
+                                 f"{world} processes: launch a multiple of {plugin.tp_size}.")
+            dims = ParallelDims(dp_replicate=world // plugin.tp_size, tp=plugin.tp_size, world_size=world)
+    handler = getattr(getattr(dims, "_config", None), "tp_handler", None)
+    return ModelParallelStrategy(state, kwargs_handlers, dims, fsdp_plugin,
+                                 tp_plan=getattr(handler, "tp_plan", None))
 
 
 def _deepspeed(state, kwargs_handlers, dims, plugin=None) -> Strategy:
@@ -60,7 +92,7 @@ _BACKENDS = (
     _Backend("FSDP", "fsdp_plugin", "use_fsdp", _fsdp),
     _Backend("DeepSpeed", "deepspeed_plugin", "use_deepspeed", _deepspeed),
     _Backend("Megatron-LM", "megatron_lm_plugin", "use_megatron_lm"),
-    _Backend("tensor parallelism", "torch_tp_plugin", None),
+    _Backend("tensor parallelism", "torch_tp_plugin", None, _tensor_parallel),
 )
 
 _MEANWHILE = "remove it to train with DDP (several processes) or on a single device"
@@ -110,10 +142,17 @@ def select_strategy(state, kwargs_handlers=None, dims=None, **plugins) -> Strate
     needed = _needed_by_layout(dims)
     if needed is not None and needed[0].startswith("FSDP"):
         return _fsdp(state, kwargs_handlers, dims)
+    if needed is not None and needed[0] == "tensor parallelism":
+        return _tensor_parallel(state, kwargs_handlers, dims)
     if needed is not None:
         label, sizes = needed
         raise not_yet_supported(f"{label} (ParallelismConfig {sizes})",
                                 "use ParallelismConfig(dp_replicate_size=...) alone (DDP) meanwhile")
+    return _default(state, kwargs_handlers, dims)
+
+
+def _default(state, kwargs_handlers, dims) -> Strategy:
+    """One device, or DDP over every process."""
     if state.distributed_type == DistributedType.NO:
         return SingleDeviceStrategy(state, kwargs_handlers, dims)
     return DDPStrategy(state, kwargs_handlers, dims)

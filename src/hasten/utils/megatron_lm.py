@@ -1,8 +1,9 @@
 """Accelerate's ``accelerate.utils.megatron_lm`` names. Megatron-LM training is planned, not built yet.
 
-The placeholders a script builds before ``prepare`` (``MegatronLMDummyDataLoader``, ``MegatronLMDummyScheduler``)
-and the ``AbstractTrainStep`` base class work; the T5 mask helpers are plain tensor code and work too. Everything
-that needs Megatron raises ``NotYetSupportedError``. megatron is never imported.
+``MegatronLMDummyScheduler`` is a working scheduler with Megatron's lr / weight-decay schedules on any torch optimizer
+(``megatron_scheduler.py``; ``megatron_param_groups`` builds Megatron-style param groups). The placeholder
+``MegatronLMDummyDataLoader`` and the ``AbstractTrainStep`` base class work; the T5 mask helpers are plain tensor code
+and work too. Everything that needs Megatron raises ``NotYetSupportedError``. megatron is never imported.
 """
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import torch
 
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
+from .megatron_scheduler import MegatronParamScheduler
 from .planned import not_yet_supported
 
 __all__ = [
     "model_provider_func", "prepare_model_optimizer_scheduler", "MegatronLMDummyDataLoader", "prepare_data_loader",
-    "MegatronLMOptimizerWrapper", "prepare_optimizer", "MegatronLMDummyScheduler", "MegatronLMSchedulerWrapper",
-    "prepare_scheduler", "AbstractTrainStep", "BertTrainStep", "GPTTrainStep", "T5TrainStep", "finish_mpu_init",
-    "initialize", "MegatronEngine", "avg_losses_across_data_parallel_group", "gather_across_data_parallel_groups",
+    "MegatronLMOptimizerWrapper", "prepare_optimizer", "MegatronLMDummyScheduler", "megatron_param_groups",
+    "MegatronLMSchedulerWrapper", "prepare_scheduler", "AbstractTrainStep", "BertTrainStep", "GPTTrainStep",
+    "T5TrainStep", "finish_mpu_init", "initialize", "MegatronEngine", "avg_losses_across_data_parallel_group",
+    "gather_across_data_parallel_groups",
 ]
 
 _MEANWHILE = "train with DDP (several processes) or on a single device"
@@ -77,14 +80,91 @@ def prepare_optimizer(accelerator, model):
     raise _megatron("prepare_optimizer")
 
 
-class MegatronLMDummyScheduler:
-    """Stands for Megatron's learning-rate scheduler: the optimizer and the schedule's length."""
+_SCHEDULE_OPTIONS = frozenset((
+    "train_iters", "train_samples", "lr_decay_iters", "lr_decay_samples", "lr_warmup_iters", "lr_warmup_samples",
+    "lr_warmup_fraction", "lr_decay_style", "min_lr", "max_lr", "lr_warmup_init", "lr_wsd_decay_iters",
+    "lr_wsd_decay_samples", "lr_wsd_decay_style", "weight_decay_incr_style", "start_weight_decay",
+    "end_weight_decay", "samples_per_step", "consumed_samples"))
+_PARAM_GROUP_OPTIONS = {"lr_mult": 1.0, "no_wd_decay_cond": None, "scale_lr_cond": None}
+
+
+def _dummy_scheduler_options(total_num_steps, warmup_num_steps, kwargs: dict) -> dict:
+    """Accelerate's ``total_num_steps`` / ``warmup_num_steps`` and Megatron's names -> the scheduler's options."""
+    unknown = sorted(set(kwargs) - _SCHEDULE_OPTIONS - set(_PARAM_GROUP_OPTIONS))
+    if unknown:
+        raise ValueError(f"MegatronLMDummyScheduler got unknown option(s) {', '.join(unknown)}; it accepts "
+                         f"{', '.join(sorted(_SCHEDULE_OPTIONS))}.")
+    for name, default in _PARAM_GROUP_OPTIONS.items():
+        if name in kwargs and kwargs[name] != default:
+            raise ValueError(f"{name} shapes the param groups, not the schedule: build the optimizer on "
+                             f"megatron_param_groups(model, weight_decay, {name}=...) and the scheduler applies "
+                             "each group's lr_mult / wd_mult.")
+    options = {name: value for name, value in kwargs.items() if name in _SCHEDULE_OPTIONS}
+    if total_num_steps is not None:
+        if options.get("train_samples") is not None:
+            raise ValueError(f"total_num_steps ({total_num_steps}) counts iterations and train_samples "
+                             f"({options['train_samples']}) counts samples: give one of them.")
+        if options.get("train_iters") not in (None, total_num_steps):
+            raise ValueError(f"total_num_steps ({total_num_steps}) and train_iters ({options['train_iters']}) "
+                             "disagree: give one of them.")
+        options["train_iters"] = total_num_steps
+    if warmup_num_steps:
+        for name in ("lr_warmup_samples", "lr_warmup_fraction"):
+            if options.get(name):
+                raise ValueError(f"warmup_num_steps ({warmup_num_steps}) and {name} ({options[name]}) both set the "
+                                 "warmup: give one of them.")
+        if options.get("lr_warmup_iters") not in (None, 0, warmup_num_steps):
+            raise ValueError(f"warmup_num_steps ({warmup_num_steps}) and lr_warmup_iters "
+                             f"({options['lr_warmup_iters']}) disagree: give one of them.")
+        options["lr_warmup_iters"] = warmup_num_steps
+    return options
+
+
+class MegatronLMDummyScheduler(MegatronParamScheduler):
+    """Megatron-LM's learning-rate / weight-decay schedule for any torch optimizer (Accelerate's signature).
+
+    ``total_num_steps`` is the run's length in iterations (Megatron's ``train_iters``) and ``warmup_num_steps`` the
+    warmup (``lr_warmup_iters``); ``kwargs`` take Megatron's other names (``lr_decay_style``, ``min_lr``,
+    ``lr_warmup_fraction``, ``train_samples`` ..., see ``MegatronParamScheduler``). Bad or conflicting values raise
+    ``ValueError`` here, before the optimizer is touched.
+    """
 
     def __init__(self, optimizer, total_num_steps=None, warmup_num_steps=0, **kwargs):
-        self.optimizer = optimizer
+        options = _dummy_scheduler_options(total_num_steps, warmup_num_steps, kwargs)
         self.total_num_steps = total_num_steps
         self.warmup_num_steps = warmup_num_steps
         self.kwargs = kwargs
+        super().__init__(optimizer, **options)
+
+
+def megatron_param_groups(model: torch.nn.Module, weight_decay: float, no_wd_decay_cond=None, scale_lr_cond=None,
+                          lr_mult: float = 1.0) -> list[dict]:
+    """Megatron's param groups for ``model``'s trainable parameters, to build any torch optimizer on.
+
+    A parameter gets no weight decay when ``no_wd_decay_cond(name, param)`` says so (default: biases and 1-D
+    parameters such as norms) and a learning rate scaled by ``lr_mult`` when ``scale_lr_cond(name, param)`` is true
+    (default: none). Each group carries ``wd_mult`` (0 or 1), ``lr_mult`` and its ``weight_decay``;
+    ``MegatronLMDummyScheduler`` multiplies the scheduled lr and weight decay by them.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"megatron_param_groups takes a torch.nn.Module; got {type(model).__name__}.")
+    for name, cond in (("no_wd_decay_cond", no_wd_decay_cond), ("scale_lr_cond", scale_lr_cond)):
+        if cond is not None and not callable(cond):
+            raise TypeError(f"{name} must be a function (name, param) -> bool or None; got {cond!r}.")
+    for name, value in (("weight_decay", weight_decay), ("lr_mult", lr_mult)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"{name} must be a number >= 0; got {value!r}.")
+    groups: dict[tuple[float, float], list] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        no_wd = no_wd_decay_cond(name, param) if no_wd_decay_cond else (name.endswith(".bias") or param.ndim == 1)
+        scaled = bool(scale_lr_cond(name, param)) if scale_lr_cond else False
+        groups.setdefault((0.0 if no_wd else 1.0, float(lr_mult) if scaled else 1.0), []).append(param)
+    if not groups:
+        raise ValueError("megatron_param_groups found no trainable parameter in the model (all requires_grad=False).")
+    return [{"params": params, "weight_decay": weight_decay * wd_mult, "wd_mult": wd_mult, "lr_mult": scale}
+            for (wd_mult, scale), params in groups.items()]
 
 
 class MegatronLMSchedulerWrapper(AcceleratedScheduler):
