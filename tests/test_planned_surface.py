@@ -57,7 +57,8 @@ def _fields(cls):
 
 # ----------------------------------------------------------------------------- the names and the reference
 # hasten's additions, after the reference's fields and with defaults, so every call written for Accelerate is the same
-EXTENSIONS = {"TorchTensorParallelConfig": [("tp_plan", None)]}
+EXTENSIONS = {"TorchTensorParallelConfig": [("tp_plan", None)],
+              "ParallelismConfig": [("pp_size", None), ("pp_handler", None)]}
 
 
 @pytest.mark.parametrize("name", PLANNED_DATACLASSES + ["ParallelismConfig"])

@@ -13,7 +13,7 @@ import copy
 import os
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional, Union
+from typing import TYPE_CHECKING, Callable, Literal, Optional, Union
 
 from .env_fields import as_bool, as_choice, as_int, from_env
 
@@ -22,12 +22,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TorchTensorParallelPlugin", "TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig",
-    "TorchTensorParallelConfig", "ParallelismConfig", "SIZE_FIELDS", "check_size_combination",
+    "TorchTensorParallelConfig", "TorchPipelineParallelConfig", "ParallelismConfig", "SIZE_FIELDS",
+    "check_size_combination",
 ]
 
 SIZE_FIELDS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
 
-_MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+_MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")
+_PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 _SP_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
 
 
@@ -125,6 +127,38 @@ class TorchTensorParallelConfig:
 
 
 @dataclass
+class TorchPipelineParallelConfig:
+    """Options of pipeline parallelism (hasten's, on ``torch.distributed.pipelining``; see
+    docs/pipeline-parallelism.md).
+
+    schedule: "gpipe", "1f1b" (default) or "interleaved_1f1b". num_micro_batches: micro-batches per batch (default:
+    the number of pipeline ranks x virtual_stages). split_points: names of the modules where stages 1, 2, ... begin
+    (default: stages of about equal size). virtual_stages: stages per rank ("interleaved_1f1b"; default 2 for it, 1
+    otherwise). loss_fn: ``loss_fn(outputs, target)``, the mean loss of one micro-batch, computed on the last stage.
+    """
+
+    schedule: str = "1f1b"
+    num_micro_batches: Optional[int] = None
+    split_points: Optional[list] = None
+    virtual_stages: Optional[int] = None
+    loss_fn: Optional[Callable] = None
+
+    def __post_init__(self):
+        self.schedule = as_choice("TorchPipelineParallelConfig.schedule", _PP_SCHEDULES, str.lower)(self.schedule)
+        for name in ("num_micro_batches", "virtual_stages"):
+            if getattr(self, name) is not None:
+                setattr(self, name, as_int(f"TorchPipelineParallelConfig.{name}", minimum=1)(getattr(self, name)))
+        if self.virtual_stages is None:
+            self.virtual_stages = 2 if self.schedule == "interleaved_1f1b" else 1
+        elif self.virtual_stages > 1 and self.schedule != "interleaved_1f1b":
+            raise ValueError(f"virtual_stages={self.virtual_stages} needs schedule='interleaved_1f1b' (got "
+                             f"{self.schedule!r}).")
+        if self.loss_fn is not None and not callable(self.loss_fn):
+            raise TypeError(f"TorchPipelineParallelConfig.loss_fn must be callable (outputs, target) -> loss, got "
+                            f"{self.loss_fn!r}.")
+
+
+@dataclass
 class ParallelismConfig:
     """The sizes of the parallel dimensions; their product is the number of processes.
 
@@ -144,12 +178,14 @@ class ParallelismConfig:
     tp_handler: Union[None, TorchTensorParallelConfig] = None
     cp_handler: Union[None, TorchContextParallelConfig] = None
     sp_handler: Union[None, DeepSpeedSequenceParallelConfig] = None
+    pp_size: Optional[int] = None  # hasten's: pipeline parallelism (torch.distributed.pipelining)
+    pp_handler: Optional[TorchPipelineParallelConfig] = None
 
     device_mesh = None  # built by get_device_mesh (a class attribute, not a field)
 
     def __post_init__(self):
         owner = "ParallelismConfig"
-        for dimension in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+        for dimension in ("dp_replicate", "dp_shard", "tp", "cp", "sp", "pp"):
             field = f"{dimension}_size"
             setattr(self, field, _setting(owner, field, getattr(self, field), 1,
                                           as_int(f"{owner}.{field}", minimum=1)))
@@ -167,9 +203,13 @@ class ParallelismConfig:
                                  f"{type(self.cp_handler).__name__}.")
         if self.sp_size > 1 and self.sp_handler is None:
             self.sp_handler = DeepSpeedSequenceParallelConfig()
+        if self.pp_size > 1 and self.pp_handler is None:
+            self.pp_handler = TorchPipelineParallelConfig()
+        if self.pp_handler is not None and not isinstance(self.pp_handler, TorchPipelineParallelConfig):
+            raise ValueError(f"pp_handler must be a TorchPipelineParallelConfig, got {type(self.pp_handler).__name__}.")
         check_size_combination(**{field: getattr(self, field) for field in SIZE_FIELDS})
         self._sizes = {"dp_replicate": self.dp_replicate_size, "dp_shard": self.dp_shard_size, "tp": self.tp_size,
-                       "cp": self.cp_size, "sp": self.sp_size}
+                       "cp": self.cp_size, "sp": self.sp_size, "pp": self.pp_size}
 
     def to_json(self) -> dict:
         """The configuration as plain data (the handlers as dicts; the device mesh left out)."""
@@ -185,7 +225,8 @@ class ParallelismConfig:
     @property
     def non_dp_dim_names(self):
         """Enabled dimensions whose ranks receive the same batch."""
-        return [name for name, on in (("tp", self.tp_enabled), ("cp", self.cp_enabled), ("sp", self.sp_enabled))
+        return [name for name, on in (("pp", self.pp_size > 1), ("tp", self.tp_enabled), ("cp", self.cp_enabled),
+                                      ("sp", self.sp_enabled))
                 if on]
 
     @property
@@ -205,11 +246,11 @@ class ParallelismConfig:
 
     @property
     def total_size(self):
-        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
+        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size * self.pp_size
 
     @property
     def non_data_parallel_size(self):
-        return self.tp_size * self.cp_size * self.sp_size
+        return self.tp_size * self.cp_size * self.sp_size * self.pp_size
 
     @property
     def data_parallel_size(self):
@@ -253,7 +294,7 @@ class ParallelismConfig:
         world = (dist.get_world_size() if dist.is_available() and dist.is_initialized()
                  else int(os.environ.get("WORLD_SIZE", "1")))
         dims = ParallelDims(dp_replicate=self.dp_replicate_size, dp_shard=self.dp_shard_size, cp=self.cp_size,
-                            tp=self.tp_size, world_size=world)
+                            tp=self.tp_size, pp=self.pp_size, world_size=world)
         return dims.build_mesh(device_type)
 
     def get_device_mesh(self, device_type: Optional[str] = None):

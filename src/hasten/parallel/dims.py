@@ -26,10 +26,10 @@ if TYPE_CHECKING:  # torch is imported only when a mesh or a group is asked for
 
 __all__ = ["ParallelDims", "LAYOUT_ORDER", "MESH_ORDER"]
 
-# Every dimension, outermost first: the order of the rank arithmetic.
-LAYOUT_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+# Every dimension, outermost first: the order of the rank arithmetic (pipeline stages outermost, as torchtitan).
+LAYOUT_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")
 # The dimensions of the torch DeviceMesh (sp is DeepSpeed's and has none).
-MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "tp")
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 # Flattened mesh dimensions: name -> the dimensions they join.
 FLATTENED = (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")),
              ("dp_cp", ("dp_replicate", "dp_shard", "cp")))
@@ -90,6 +90,7 @@ class ParallelDims:
     tp: int = 1
     sp: int = 1
     world_size: int = 1
+    pp: int = 1  # pipeline stages (hasten's torch-native engine), outermost
     rank: Optional[int] = None
     #: dimensions of size 1 kept in the mesh all the same (a backend that needs their names: DDP x TP shards over a
     #: one-rank ``dp_shard`` dimension); set before the mesh is built
@@ -134,7 +135,8 @@ class ParallelDims:
         if config is None:
             return cls(dp_replicate=_count("world_size", world_size), world_size=world_size, rank=rank)
         dims = cls(dp_replicate=config.dp_replicate_size, dp_shard=config.dp_shard_size, cp=config.cp_size,
-                   tp=config.tp_size, sp=config.sp_size, world_size=world_size, rank=rank)
+                   tp=config.tp_size, sp=config.sp_size, world_size=world_size, rank=rank,
+                   pp=getattr(config, "pp_size", 1) or 1)
         dims._config = config
         existing = getattr(config, "device_mesh", None)
         if existing is not None and dims._matches_config():
@@ -147,8 +149,12 @@ class ParallelDims:
     # ------------------------------------------------------------------------------------------ sizes
     @property
     def sizes(self) -> dict:
-        """``{dimension: size}`` in layout order (``dp_replicate, dp_shard, cp, sp, tp``)."""
-        return {name: getattr(self, name) for name in LAYOUT_ORDER}
+        """``{dimension: size}`` in layout order (``dp_replicate, dp_shard, cp, sp, tp``; ``pp`` first when the model
+        is cut into pipeline stages)."""
+        return {name: getattr(self, name) for name in self._dims()}
+
+    def _dims(self) -> tuple:
+        return LAYOUT_ORDER if self.pp > 1 else LAYOUT_ORDER[1:]
 
     @property
     def dp_size(self) -> int:
@@ -168,9 +174,13 @@ class ParallelDims:
         return self.sp
 
     @property
+    def pp_size(self) -> int:
+        return self.pp
+
+    @property
     def model_parallel(self) -> bool:
-        """Whether the model (or its sequence) is split: tensor, context or sequence parallelism."""
-        return self.tp > 1 or self.cp > 1 or self.sp > 1
+        """Whether the model (or its sequence) is split: tensor, context, sequence or pipeline parallelism."""
+        return self.tp > 1 or self.cp > 1 or self.sp > 1 or self.pp > 1
 
     @property
     def sharded(self) -> bool:
@@ -181,7 +191,7 @@ class ParallelDims:
     def uses_mesh(self) -> bool:
         """Whether training needs the torch DeviceMesh: sharding, context or tensor parallelism (not plain DDP,
         not DeepSpeed sequence parallelism, which builds its own groups)."""
-        return self.sp == 1 and (self.dp_shard > 1 or self.cp > 1 or self.tp > 1)
+        return self.sp == 1 and (self.dp_shard > 1 or self.cp > 1 or self.tp > 1 or self.pp > 1)
 
     @property
     def mesh_dim_names(self) -> tuple:
@@ -210,9 +220,9 @@ class ParallelDims:
         if not (isinstance(rank, int) and 0 <= rank < self.world_size):
             raise ValueError(f"rank must be from 0 to {self.world_size - 1}, got {rank!r}.")
         coordinates = {}
-        for name in reversed(LAYOUT_ORDER):
+        for name in reversed(self._dims()):
             rank, coordinates[name] = divmod(rank, getattr(self, name))
-        return {name: coordinates[name] for name in LAYOUT_ORDER}
+        return {name: coordinates[name] for name in self._dims()}
 
     @property
     def global_rank(self) -> int:
@@ -243,6 +253,10 @@ class ParallelDims:
     @property
     def tp_rank(self) -> int:
         return self.coordinates()["tp"]
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coordinates().get("pp", 0)
 
     # ------------------------------------------------------------------------------------------ mesh and groups
     def build_mesh(self, device_type: Optional[str] = None) -> Optional["DeviceMesh"]:

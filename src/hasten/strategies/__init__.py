@@ -29,7 +29,7 @@ def _fsdp(state, kwargs_handlers, dims, plugin=None) -> Strategy:
     if plugin is None:
         plugin = (FullyShardedDataParallelPlugin(fsdp_version=2) if dims is not None and dims.dp_shard > 1
                   and not _env_selects("use_fsdp") else FullyShardedDataParallelPlugin())
-    if dims is not None and dims.tp > 1:  # FSDP x TP: the tensor-parallel engine shards with this plugin
+    if dims is not None and (dims.tp > 1 or dims.pp > 1):  # FSDP x TP: the model-parallel engine shards with it
         if isinstance(plugin, FullyShardedDataParallelPlugin) and plugin.fsdp_version == 1:
             raise ValueError("Tensor parallelism composes with FSDP2 only: use FullyShardedDataParallelPlugin("
                              "fsdp_version=2) with ParallelismConfig(tp_size=...).")
@@ -61,9 +61,10 @@ def _tensor_parallel(state, kwargs_handlers, dims, plugin=None, fsdp_plugin=None
                 raise ValueError(f"TorchTensorParallelPlugin(tp_size={plugin.tp_size}) does not divide the "
                                  f"{world} processes: launch a multiple of {plugin.tp_size}.")
             dims = ParallelDims(dp_replicate=world // plugin.tp_size, tp=plugin.tp_size, world_size=world)
-    handler = getattr(getattr(dims, "_config", None), "tp_handler", None)
+    config = getattr(dims, "_config", None)
     return ModelParallelStrategy(state, kwargs_handlers, dims, fsdp_plugin,
-                                 tp_plan=getattr(handler, "tp_plan", None))
+                                 tp_plan=getattr(getattr(config, "tp_handler", None), "tp_plan", None),
+                                 pp_config=getattr(config, "pp_handler", None))
 
 
 def _deepspeed(state, kwargs_handlers, dims, plugin=None) -> Strategy:
@@ -119,6 +120,8 @@ def _needed_by_layout(dims) -> Optional[tuple]:
     if dims is None:
         return None
     wants = []
+    if getattr(dims, "pp", 1) > 1:
+        wants.append(("tensor parallelism", f"pp_size={dims.pp}"))  # the same torch-native engine
     if dims.tp > 1:
         wants.append(("tensor parallelism", f"tp_size={dims.tp}"))
     if dims.cp > 1:

@@ -159,6 +159,15 @@ class FSDPStrategy(Strategy):
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2, *, models=(), optimizers=()):
         """The total norm of the gradients (sharded ones reduced over their mesh; those of ignored modules are
         local), the same on every rank; then every gradient is scaled by one factor."""
+        groups, total = self.total_grad_norm(parameters, norm_type)
+        if total is None:
+            return torch.tensor(0.0)
+        for members in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(members, max_norm, total)
+        return total
+
+    def total_grad_norm(self, parameters, norm_type=2) -> tuple:
+        """``(parameters by the mesh of their gradient, the total norm)``; the norm is None without gradients."""
         from torch.distributed.tensor import DTensor
 
         groups: dict = {}  # sharded gradients by mesh, local ones under None
@@ -171,11 +180,8 @@ class FSDPStrategy(Strategy):
             norm = torch.nn.utils.get_total_norm([p.grad for p in members], norm_type=norm_type)
             norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         if not norms:
-            return torch.tensor(0.0)
-        total = torch.nn.utils.get_total_norm(norms, norm_type=norm_type)
-        for members in groups.values():
-            torch.nn.utils.clip_grads_with_norm_(members, max_norm, total)
-        return total
+            return groups, None
+        return groups, torch.nn.utils.get_total_norm(norms, norm_type=norm_type)
 
     # ------------------------------------------------------------ state dicts (full, on the main process)
     def _options(self, **extra):

@@ -15,12 +15,20 @@ model is split in torchtitan's order:
 Data is split over the data-parallel ranks only (the ranks of one tp group see the same batch), gathers count each
 sample once, clipping reduces the norm over every mesh dimension, and checkpoints are DCP shards that load under
 another layout (saved with TP=2, loaded with TP=1 or on one process).
+
+With ``pp_size > 1`` (pipeline parallelism, ``torch.distributed.pipelining``) the model is first cut into stages
+(``parallel/pipeline.py``); each rank keeps its stages, splits them over ``tp`` as above, and the prepared model is
+a ``PipelineModel`` (``parallel/pipeline_model.py``): ``loss = model(inputs, target)`` trains one batch, micro-batch
+by micro-batch. Gradient norms are summed over the pipeline ranks; checkpoints are DCP shards (each rank writes its
+stages), which load under another layout.
 """
 from __future__ import annotations
 
+import torch
+
 from ..config.enums import DistributedType
 from ..parallel.tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan
-from .fsdp import FSDPStrategy
+from .fsdp import FSDPStrategy, _repoint
 
 __all__ = ["ModelParallelStrategy"]
 
@@ -28,18 +36,32 @@ __all__ = ["ModelParallelStrategy"]
 class ModelParallelStrategy(FSDPStrategy):
     """Splits each model over the ``tp`` dimension, then shards or replicates it over the data-parallel ones."""
 
-    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None, tp_plan=None):
+    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None, tp_plan=None, pp_config=None):
         from ..utils.planned import not_yet_supported
 
-        if dims is None or dims.tp == 1:
-            raise ValueError("ModelParallelStrategy needs a layout with tp_size > 1: ParallelismConfig(tp_size=N).")
+        if dims is None or (dims.tp == 1 and dims.pp == 1):
+            raise ValueError("ModelParallelStrategy needs a layout with tp_size or pp_size > 1: "
+                             "ParallelismConfig(tp_size=N) or ParallelismConfig(pp_size=N).")
         if dims.cp > 1:
             raise not_yet_supported(f"context parallelism (ParallelismConfig cp_size={dims.cp})",
                                     "use tensor parallelism (tp_size) and data parallelism meanwhile")
+        if dims.pp > 1 and dims.dp_size > 1:
+            raise not_yet_supported(
+                f"pipeline parallelism with data parallelism (pp_size={dims.pp} with dp_replicate_size="
+                f"{dims.dp_replicate} x dp_shard_size={dims.dp_shard})", "use pp_size with tp_size only meanwhile")
         if dims.dp_replicate > 1 and dims.dp_shard == 1:
             dims.unit_dims = ("dp_shard",)  # DDP x TP: FSDP2 over (dp_replicate, a one-rank dp_shard)
         super().__init__(state, kwargs_handlers, dims, plugin)
         self.tp_plan = tp_plan
+        if dims.pp > 1:
+            from ..config.parallelism import TorchPipelineParallelConfig
+
+            self.pp_config = pp_config or TorchPipelineParallelConfig()
+            from ..checkpointing.sharded_io import ShardedCheckpointIO
+
+            if not isinstance(self.checkpoint_io, ShardedCheckpointIO):
+                raise ValueError("Pipeline parallelism saves each rank's stages as DCP shards: use the FSDP plugin's "
+                                 "default state_dict_type (SHARDED_STATE_DICT), not full-state files.")
 
     @property
     def distributed_type(self):
@@ -49,6 +71,131 @@ class ModelParallelStrategy(FSDPStrategy):
     def setup(self) -> None:
         if self.layout.dp_size > 1:
             super().setup()
+
+    # ------------------------------------------------------------ pipeline parallelism
+    def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
+                         **context):
+        if self.layout.pp == 1:
+            return super().prepare_training(models, optimizers, device_placement, evaluation_mode, compile_model,
+                                            **context)
+        from ..checkpointing.optimizer_names import clean_name
+
+        if context.get("accumulation_steps", 1) > 1:
+            raise ValueError("Pipeline parallelism accumulates gradients over its micro-batches: use "
+                             "TorchPipelineParallelConfig(num_micro_batches=...) instead of gradient_accumulation_steps "
+                             f"({context['accumulation_steps']}).")
+        if self.pp_config.loss_fn is None and optimizers:
+            raise ValueError("Pipeline parallelism computes the loss on the last stage: give it, ParallelismConfig("
+                             "pp_size=N, pp_handler=TorchPipelineParallelConfig(loss_fn=lambda outputs, target: ...)).")
+        originals, prepared = {}, []
+        for model, place in zip(models, device_placement):
+            if place:
+                model = model.to(self.state.device)
+            originals.update({id(p): clean_name(n) for n, p in model.named_parameters()})
+            prepared.append(self.precision.wrap_forward(self._pipeline(model)))
+        local = {clean_name(n): p for model in prepared for n, p in self.unwrap(model).named_parameters()}
+        for optimizer in optimizers:  # this rank's parameters only: the others are other stages'
+            for group in optimizer.param_groups:
+                group["params"] = [p for p in group["params"] if originals.get(id(p)) in local]
+            self._optimizer_names[id(optimizer)] = [[originals[id(p)] for p in group["params"]]
+                                                    for group in optimizer.param_groups]
+            _repoint(optimizer, originals, local)
+        return prepared, [self.prepare_optimizer(o) for o in optimizers]
+
+    def _pipeline(self, model):
+        """Cut ``model`` into stages, keep this rank's (split over tp), and the schedule that runs them."""
+        from ..parallel.pipeline import PipelineStageModule, build_pipeline, split_model
+        from ..parallel.pipeline_model import PipelineModel
+
+        layout, config = self.layout, self.pp_config
+        layout.build_mesh(self.state.device.type)
+        stages = split_model(model, layout.pp * config.virtual_stages, config.split_points)
+        mine = [index for index in range(layout.pp_rank, len(stages), layout.pp)]
+        part = PipelineStageModule(model, [name for index in mine for name in stages[index].unit_names], -1)
+        if layout.tp > 1:
+            plan = plan_of(model, self.tp_plan)
+            if plan is None:
+                raise ValueError(f"The {type(model).__name__} has no tensor-parallel plan: give one, "
+                                 "TorchTensorParallelConfig(tp_plan={...}).")
+            names = set(dict(part.named_modules()))
+            here = {name: style for name, style in resolve_plan(model, plan, layout.tp).items() if name in names}
+            if here:
+                apply_plan(part, here, layout.submesh("tp"))
+        pipeline = build_pipeline(stages, layout.pp_rank, layout.submesh("pp"), schedule=config.schedule,
+                                  num_micro_batches=config.num_micro_batches or layout.pp * config.virtual_stages,
+                                  loss_fn=config.loss_fn, virtual_stages=config.virtual_stages)
+        return PipelineModel(part, pipeline, layout.submesh("pp").get_group())
+
+    def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, **kwargs) -> None:
+        """Under pipeline parallelism the schedule ran the backward when the model was called: nothing to do."""
+        if self.layout.pp > 1:
+            if num_items_in_batch is not None:
+                raise ValueError("num_items_in_batch does not apply under pipeline parallelism: the loss_fn gives the "
+                                 "mean loss of each micro-batch.")
+            return
+        super().backward(loss, model, accumulation_steps=accumulation_steps, num_items_in_batch=num_items_in_batch,
+                         **kwargs)
+
+    def unwrap(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
+        from ..parallel.pipeline_model import PipelineModel
+
+        unwrapped = super().unwrap(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+        return unwrapped.module if isinstance(unwrapped, PipelineModel) else unwrapped
+
+    def total_grad_norm(self, parameters, norm_type=2) -> tuple:
+        """Under pipeline parallelism, each rank's norm covers its stages: combined over the pipeline ranks."""
+        groups, total = super().total_grad_norm(parameters, norm_type)
+        if self.layout.pp == 1:
+            return groups, total
+        import torch.distributed as dist
+
+        group = self.layout.submesh("pp").get_group()
+        local = torch.zeros((), dtype=torch.float32) if total is None else total.detach().float().cpu()
+        if float(norm_type) == float("inf"):
+            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+            combined = local
+        else:
+            power = local ** norm_type
+            dist.all_reduce(power, group=group)
+            combined = power ** (1.0 / norm_type)
+        device = total.device if total is not None else torch.device("cpu")
+        return groups, combined.to(device)
+
+    def model_state_dict(self, model, full: bool = True) -> dict:
+        """Full under pipeline parallelism: every rank's stages, gathered (on every rank)."""
+        if self.layout.pp == 1 or not full:
+            return super().model_state_dict(model, full)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # each rank's own stages whole (tp shards gathered), on every rank: cpu_offload would keep them on rank 0
+        state = get_model_state_dict(self._state_dict_module(model), options=StateDictOptions(full_state_dict=True))
+        return self._from_every_stage({k: v.detach().cpu() for k, v in state.items()})
+
+    def _from_every_stage(self, part: dict) -> dict:
+        """The union of every pipeline rank's ``part`` (picklable values), on every rank."""
+        import torch.distributed as dist
+
+        everyone = [None] * self.layout.pp
+        dist.all_gather_object(everyone, part, group=self.layout.submesh("pp").get_group())
+        merged = {}
+        for piece in everyone:
+            merged.update(piece)
+        return merged
+
+    def expected_state_dict(self, model, keep_vars=False) -> dict:
+        """Every name of the whole model (all stages), each with a tensor of its full shape."""
+        local = super().expected_state_dict(model, keep_vars)
+        if self.layout.pp == 1:
+            return local
+        shapes = self._from_every_stage({k: (tuple(v.shape), v.dtype) for k, v in local.items()})
+        return {k: torch.empty(shape, dtype=dtype, device="meta") for k, (shape, dtype) in shapes.items()}
+
+    def load_model_state_dict(self, model, state_dict, strict=True):
+        """A whole model's state: this rank's stages take their part."""
+        if self.layout.pp > 1:
+            names = set(self.unwrap(model).state_dict().keys())
+            state_dict = {k: v for k, v in state_dict.items() if k in names}
+        return super().load_model_state_dict(model, state_dict, strict)
 
     def shard_model(self, model):
         """Apply the tensor-parallel plan, then FSDP2 over the data-parallel dimensions (when there are several)."""
@@ -72,5 +219,5 @@ class ModelParallelStrategy(FSDPStrategy):
 
     def __repr__(self) -> str:
         layout = self.layout
-        return (f"ModelParallelStrategy(tp={layout.tp}, dp_shard={layout.dp_shard}, dp_replicate={layout.dp_replicate}, "
-                f"processes={self.state.num_processes})")
+        return (f"ModelParallelStrategy(pp={layout.pp}, tp={layout.tp}, dp_shard={layout.dp_shard}, dp_replicate="
+                f"{layout.dp_replicate}, processes={self.state.num_processes})")

@@ -66,7 +66,8 @@ _EXPORTS = build_table({
     ],
     # planned backends: real configuration objects; training with them raises NotYetSupportedError
     "hasten.config.parallelism": ["ParallelismConfig", "TorchTensorParallelPlugin", "TorchTensorParallelConfig",
-                                  "TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig"],
+                                  "TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig",
+                                  "TorchPipelineParallelConfig"],
     "hasten.config.deepspeed": ["DeepSpeedPlugin", "HfDeepSpeedConfig"],
     "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
     "hasten.config.megatron": ["MegatronLMPlugin", "add_model_config_to_megatron_parser"],

@@ -46,6 +46,7 @@ from ..config.megatron import (
 from ..config.parallelism import (
     DeepSpeedSequenceParallelConfig,
     TorchContextParallelConfig,
+    TorchPipelineParallelConfig,
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
 )
@@ -61,7 +62,7 @@ __all__ = [
     "ComputeEnvironment", "DynamoBackend", "LoggerType", "PrecisionType", "RNGType", "CustomDtype",
     "TensorInformation", "DataLoaderConfiguration", "ProjectConfiguration", "GradientAccumulationPlugin",
     "TorchDynamoPlugin", "DeepSpeedPlugin", "FullyShardedDataParallelPlugin", "TorchTensorParallelPlugin",
-    "TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig", "TorchTensorParallelConfig",
+    "TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig", "TorchTensorParallelConfig", "TorchPipelineParallelConfig",
     "MegatronLMPlugin", "MODEL_CONFIGS_TO_MEGATRON_PARSERS", "add_model_config_to_megatron_parser",
     "parse_bert_config", "parse_gpt2_config", "parse_t5_config", "parse_llama_config", "parse_glm4_moe_config",
     "BnbQuantizationConfig", "get_module_class_from_name",

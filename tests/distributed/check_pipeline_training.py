@@ -1,0 +1,145 @@
+"""Pipeline parallelism through the Accelerator, run by tests/test_model_parallel.py as
+``hasten launch -n 2 check_pipeline_training.py <work>`` (pp=2) and ``-n 4 ... <work> tp`` (pp=2 x tp=2).
+
+With 2 processes: the tiny GPT of check_model_parallel.py trained 12 steps with GPipe, 1F1B and interleaved 1F1B
+(4 micro-batches) matches the same training on one process (losses and final weights); evaluation through the
+pipeline gives the single-process outputs on every rank; the 1F1B run is saved (each rank its stages, DCP) for the
+test to load on one process; bad settings are refused with the reason. With ``tp``: the same with pp=2 x tp=2.
+
+Prints ``PIPELINE TRAINING PASSED``.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(__file__))
+from check_model_parallel import VOCAB, TinyGPT, lm_loss  # noqa: E402
+
+from hasten import Accelerator, ParallelismConfig  # noqa: E402
+from hasten.state import AcceleratorState  # noqa: E402
+from hasten.utils import TorchPipelineParallelConfig, set_seed  # noqa: E402
+
+BATCH, SEQUENCE, STEPS = 8, 8, 12
+TOLERANCE = dict(rtol=1e-4, atol=2e-5)  # fp32: micro-batch gradients are summed in another order
+
+
+def say(accelerator, line: str) -> None:
+    if accelerator.is_main_process:
+        os.write(1, (line + "\n").encode())
+
+
+def check(condition: bool, what: str) -> None:
+    if not condition:
+        raise AssertionError(f"[rank {torch.distributed.get_rank()}] {what}")
+
+
+def token_loss(logits, target):
+    """The mean next-token loss of one micro-batch (``target``: the tokens after the inputs)."""
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+def batches():
+    generator = torch.Generator().manual_seed(9)
+    return [torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=generator) for _ in range(STEPS)]
+
+
+def reference(model):
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for tokens in batches():
+        loss = lm_loss(model(tokens[:, :-1]), tokens)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return model, losses
+
+
+def train(model, schedule: str, tp: bool, **options):
+    AcceleratorState._reset_state()
+    config = ParallelismConfig(pp_size=2, tp_size=2 if tp else 1, pp_handler=TorchPipelineParallelConfig(
+        schedule=schedule, num_micro_batches=4, loss_fn=token_loss, **options))
+    accelerator = Accelerator(cpu=True, parallelism_config=config)
+    model = copy.deepcopy(model)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    losses = []
+    for tokens in batches():
+        loss = model(tokens[:, :-1], target=tokens[:, 1:])
+        accelerator.backward(loss)  # the schedule ran the backward already
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return accelerator, model, losses
+
+
+def check_schedule(work: Path, model, expected_model, expected_losses, schedule: str, tp: bool, **options) -> None:
+    accelerator, prepared, losses = train(model, schedule, tp, **options)
+    name = f"pp=2{' x tp=2' if tp else ''} {schedule}"
+    check(all(abs(a - b) <= TOLERANCE["atol"] + TOLERANCE["rtol"] * abs(b) for a, b in zip(losses, expected_losses)),
+          f"{name}: losses {losses} vs single-process {expected_losses}")
+    weights = accelerator.get_state_dict(prepared)  # every stage's, gathered
+    for key, value in expected_model.state_dict().items():
+        check(key in weights and torch.allclose(weights[key].float(), value, **TOLERANCE),
+              f"{name}: {key} differs from single-process training by "
+              f"{(weights[key].float() - value).abs().max().item() if key in weights else 'missing'}")
+    probe = batches()[0][:, :-1]
+    prepared.eval()
+    outputs = prepared(probe)  # every rank of the pipeline gets the last stage's outputs
+    with torch.no_grad():
+        check(torch.allclose(outputs, expected_model(probe), **TOLERANCE), f"{name}: evaluation outputs differ")
+    prepared.train()
+    if schedule == "1f1b" and not tp:
+        accelerator.save_state(work / "pp_checkpoint")
+        if accelerator.is_main_process:
+            torch.save(weights, work / "pp_weights.pt")
+    say(accelerator, f"ok: {name} matches single-process training ({len(losses)} steps) and evaluation")
+
+
+def expect_error(function, *fragments) -> None:
+    try:
+        function()
+    except (ValueError, TypeError, NotImplementedError) as error:
+        missing = [f for f in fragments if f not in str(error)]
+        check(not missing, f"the error {error} does not say {missing}")
+        return
+    check(False, f"no error; expected one saying {fragments}")
+
+
+def check_bad_settings() -> None:
+    def prepare(accumulation=1, loss_fn=token_loss):
+        AcceleratorState._reset_state()
+        config = ParallelismConfig(pp_size=2, pp_handler=TorchPipelineParallelConfig(loss_fn=loss_fn))
+        accelerator = Accelerator(cpu=True, parallelism_config=config, gradient_accumulation_steps=accumulation)
+        model = TinyGPT()
+        return accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    expect_error(lambda: prepare(accumulation=2), "num_micro_batches", "gradient_accumulation_steps")
+    expect_error(lambda: prepare(loss_fn=None), "loss_fn")
+    expect_error(lambda: TorchPipelineParallelConfig(schedule="zigzag"), "zigzag", "gpipe")
+    expect_error(lambda: TorchPipelineParallelConfig(schedule="gpipe", virtual_stages=2), "interleaved_1f1b")
+    say(Accelerator(cpu=True), "ok: bad pipeline settings are refused with the reason")
+
+
+def main(work: Path, tp: bool) -> None:
+    set_seed(21)
+    model = TinyGPT()
+    expected_model, expected_losses = reference(model)
+    schedules = ["1f1b"] if tp else ["gpipe", "1f1b", "interleaved_1f1b"]
+    for schedule in schedules:
+        check_schedule(work, model, expected_model, expected_losses, schedule, tp)
+    if not tp:
+        check_bad_settings()
+    say(Accelerator(cpu=True), "PIPELINE TRAINING PASSED")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "tp")
