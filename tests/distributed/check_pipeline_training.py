@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-from check_model_parallel import VOCAB, TinyGPT, lm_loss  # noqa: E402
+from check_model_parallel import VOCAB, TinyGPT, check, expect_error, lm_loss, say  # noqa: E402
 
 from hasten import Accelerator, ParallelismConfig  # noqa: E402
 from hasten.state import AcceleratorState  # noqa: E402
@@ -27,16 +27,6 @@ from hasten.utils import TorchPipelineParallelConfig, set_seed  # noqa: E402
 
 BATCH, SEQUENCE, STEPS = 8, 8, 12
 TOLERANCE = dict(rtol=1e-4, atol=2e-5)  # fp32: micro-batch gradients are summed in another order
-
-
-def say(accelerator, line: str) -> None:
-    if accelerator.is_main_process:
-        os.write(1, (line + "\n").encode())
-
-
-def check(condition: bool, what: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {torch.distributed.get_rank()}] {what}")
 
 
 def token_loss(logits, target):
@@ -102,16 +92,6 @@ def check_schedule(work: Path, model, expected_model, expected_losses, schedule:
         if accelerator.is_main_process:
             torch.save(weights, work / "pp_weights.pt")
     say(accelerator, f"ok: {name} matches single-process training ({len(losses)} steps) and evaluation")
-
-
-def expect_error(function, *fragments) -> None:
-    try:
-        function()
-    except (ValueError, TypeError, NotImplementedError) as error:
-        missing = [f for f in fragments if f not in str(error)]
-        check(not missing, f"the error {error} does not say {missing}")
-        return
-    check(False, f"no error; expected one saying {fragments}")
 
 
 def check_bad_settings() -> None:
