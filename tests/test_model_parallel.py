@@ -32,13 +32,15 @@ def test_tensor_and_sequence_parallelism_and_a_llama_match_one_process_and_the_c
     assert all(torch.equal(loaded[key], expected[key]) for key in expected)
 
 
-def test_pipeline_parallelism_trains_like_one_process_alone_and_with_tp_and_its_checkpoint_loads_on_one(tmp_path):
+def test_pipeline_parallelism_trains_like_one_process_alone_with_tp_and_with_fsdp_and_its_checkpoint_loads(tmp_path):
     result = run_launch("check_pipeline_training.py", tmp_path, num_processes=2, timeout=400)
     assert "PIPELINE TRAINING PASSED" in result.stdout, result.stdout
     for schedule in ("gpipe", "1f1b", "interleaved_1f1b"):
         assert f"ok: pp=2 {schedule} matches single-process training" in result.stdout
     result = run_launch("check_pipeline_training.py", tmp_path / "tp", "tp", num_processes=4, timeout=400)
     assert "ok: pp=2 x tp=2 1f1b matches single-process training" in result.stdout, result.stdout
+    result = run_launch("check_pipeline_training.py", tmp_path / "fsdp", "fsdp", num_processes=4, timeout=400)
+    assert "ok: pp=2 x dp_shard=2 1f1b matches single-process training" in result.stdout, result.stdout
     # each rank wrote its stages (DCP): the whole model loads on one process
     accelerator = Accelerator(cpu=True)
     model = accelerator.prepare(TinyGPT())
@@ -58,16 +60,6 @@ def test_pipeline_settings_are_checked_when_made():
     assert TorchPipelineParallelConfig(schedule="interleaved_1f1b").virtual_stages == 2
     config = ParallelismConfig(pp_size=2, tp_size=2)
     assert config.total_size == 4 and isinstance(config.pp_handler, TorchPipelineParallelConfig)
-
-
-def test_pipeline_with_data_parallelism_is_not_yet_supported_and_says_so():
-    from hasten.parallel import ParallelDims
-    from hasten.strategies import select_strategy
-    from hasten.utils.planned import NotYetSupportedError
-
-    state = Accelerator(cpu=True).state
-    with pytest.raises(NotYetSupportedError, match=r"pipeline parallelism with data parallelism \(pp_size=2"):
-        select_strategy(state, {}, ParallelDims(pp=2, dp_shard=2, world_size=4, rank=0))
 
 
 def test_plans_expand_layer_patterns_and_accept_transformers_names():

@@ -1,5 +1,6 @@
 """Pipeline parallelism through the Accelerator, run by tests/test_model_parallel.py as
-``hasten launch -n 2 check_pipeline_training.py <work>`` (pp=2) and ``-n 4 ... <work> tp`` (pp=2 x tp=2).
+``hasten launch -n 2 check_pipeline_training.py <work>`` (pp=2), ``-n 4 ... <work> tp`` (pp=2 x tp=2) and
+``-n 4 ... <work> fsdp`` (pp=2 x FSDP2 over dp_shard=2: each data-parallel rank trains on half of every batch).
 
 With 2 processes: the tiny GPT of check_model_parallel.py trained 12 steps with GPipe, 1F1B and interleaved 1F1B
 (4 micro-batches) matches the same training on one process (losses and final weights); evaluation through the
@@ -53,27 +54,30 @@ def reference(model):
     return model, losses
 
 
-def train(model, schedule: str, tp: bool, **options):
+def train(model, schedule: str, mode, **options):
     AcceleratorState._reset_state()
-    config = ParallelismConfig(pp_size=2, tp_size=2 if tp else 1, pp_handler=TorchPipelineParallelConfig(
-        schedule=schedule, num_micro_batches=4, loss_fn=token_loss, **options))
+    sizes = {"tp": {"tp_size": 2}, "fsdp": {"dp_shard_size": 2}}.get(mode, {})
+    config = ParallelismConfig(pp_size=2, **sizes, pp_handler=TorchPipelineParallelConfig(
+        schedule=schedule, num_micro_batches=4 if mode != "fsdp" else 2, loss_fn=token_loss, **options))
     accelerator = Accelerator(cpu=True, parallelism_config=config)
     model = copy.deepcopy(model)
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    dp_size, dp_rank = accelerator.strategy.data_parallel_size, accelerator.strategy.data_parallel_rank
     losses = []
     for tokens in batches():
-        loss = model(tokens[:, :-1], target=tokens[:, 1:])
+        mine = tokens.chunk(dp_size)[dp_rank]  # what a loader sharded over the data-parallel ranks gives
+        loss = model(mine[:, :-1], target=mine[:, 1:])
         accelerator.backward(loss)  # the schedule ran the backward already
         accelerator.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(loss.item())
+        losses.append(accelerator.reduce(loss, reduction="mean").item())  # the whole batch's mean
     return accelerator, model, losses
 
 
-def check_schedule(work: Path, model, expected_model, expected_losses, schedule: str, tp: bool, **options) -> None:
-    accelerator, prepared, losses = train(model, schedule, tp, **options)
-    name = f"pp=2{' x tp=2' if tp else ''} {schedule}"
+def check_schedule(work: Path, model, expected_model, expected_losses, schedule: str, mode, **options) -> None:
+    accelerator, prepared, losses = train(model, schedule, mode, **options)
+    name = f"pp=2{' x tp=2' if mode == 'tp' else ' x dp_shard=2' if mode == 'fsdp' else ''} {schedule}"
     check(all(abs(a - b) <= TOLERANCE["atol"] + TOLERANCE["rtol"] * abs(b) for a, b in zip(losses, expected_losses)),
           f"{name}: losses {losses} vs single-process {expected_losses}")
     weights = accelerator.get_state_dict(prepared)  # every stage's, gathered
@@ -87,7 +91,7 @@ def check_schedule(work: Path, model, expected_model, expected_losses, schedule:
     with torch.no_grad():
         check(torch.allclose(outputs, expected_model(probe), **TOLERANCE), f"{name}: evaluation outputs differ")
     prepared.train()
-    if schedule == "1f1b" and not tp:
+    if schedule == "1f1b" and mode is None:
         accelerator.save_state(work / "pp_checkpoint")
         if accelerator.is_main_process:
             torch.save(weights, work / "pp_weights.pt")
@@ -109,17 +113,17 @@ def check_bad_settings() -> None:
     say(Accelerator(cpu=True), "ok: bad pipeline settings are refused with the reason")
 
 
-def main(work: Path, tp: bool) -> None:
+def main(work: Path, mode) -> None:
     set_seed(21)
     model = TinyGPT()
     expected_model, expected_losses = reference(model)
-    schedules = ["1f1b"] if tp else ["gpipe", "1f1b", "interleaved_1f1b"]
+    schedules = ["1f1b"] if mode else ["gpipe", "1f1b", "interleaved_1f1b"]
     for schedule in schedules:
-        check_schedule(work, model, expected_model, expected_losses, schedule, tp)
-    if not tp:
+        check_schedule(work, model, expected_model, expected_losses, schedule, mode)
+    if mode is None:
         check_bad_settings()
     say(Accelerator(cpu=True), "PIPELINE TRAINING PASSED")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "tp")
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

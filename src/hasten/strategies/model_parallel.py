@@ -17,7 +17,8 @@ sample once, clipping reduces the norm over every mesh dimension, and checkpoint
 another layout (saved with TP=2, loaded with TP=1 or on one process).
 
 With ``pp_size > 1`` (pipeline parallelism, ``torch.distributed.pipelining``) the model is first cut into stages
-(``parallel/pipeline.py``); each rank keeps its stages, splits them over ``tp`` as above, and the prepared model is
+(``parallel/pipeline.py``); each rank keeps its stages, splits them over ``tp`` as above, shards each with FSDP2 over
+the data-parallel dimensions when there are several, and the prepared model is
 a ``PipelineModel`` (``parallel/pipeline_model.py``): ``loss = model(inputs, target)`` trains one batch, micro-batch
 by micro-batch. Gradient norms are summed over the pipeline ranks; checkpoints are DCP shards (each rank writes its
 stages), which load under another layout.
@@ -45,10 +46,6 @@ class ModelParallelStrategy(FSDPStrategy):
         if dims.cp > 1:
             raise not_yet_supported(f"context parallelism (ParallelismConfig cp_size={dims.cp})",
                                     "use tensor parallelism (tp_size) and data parallelism meanwhile")
-        if dims.pp > 1 and dims.dp_size > 1:
-            raise not_yet_supported(
-                f"pipeline parallelism with data parallelism (pp_size={dims.pp} with dp_replicate_size="
-                f"{dims.dp_replicate} x dp_shard_size={dims.dp_shard})", "use pp_size with tp_size only meanwhile")
         if dims.dp_replicate > 1 and dims.dp_shard == 1:
             dims.unit_dims = ("dp_shard",)  # DDP x TP: FSDP2 over (dp_replicate, a one-rank dp_shard)
         super().__init__(state, kwargs_handlers, dims, plugin)
@@ -121,6 +118,14 @@ class ModelParallelStrategy(FSDPStrategy):
             here = {name: style for name, style in resolve_plan(model, plan, layout.tp).items() if name in names}
             if here:
                 apply_plan(part, here, layout.submesh("tp"))
+        if layout.dp_size > 1:  # PP x FSDP (x TP): each of this rank's stages sharded over the data-parallel dims
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            options = dict(mesh=self._shard_mesh(), reshard_after_forward=self.plugin.reshard_after_forward,
+                           mp_policy=self.plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+                           offload_policy=self._offload_policy())
+            for index in mine:
+                fully_shard(stages[index], **options)
         pipeline = build_pipeline(stages, layout.pp_rank, layout.submesh("pp"), schedule=config.schedule,
                                   num_micro_batches=config.num_micro_batches or layout.pp * config.virtual_stages,
                                   loss_fn=config.loss_fn, virtual_stages=config.virtual_stages)
