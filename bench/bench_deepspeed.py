@@ -25,20 +25,17 @@ DeepSpeed's CPU ops are compiled once into TORCH_EXTENSIONS_DIR (default here: b
 from __future__ import annotations
 
 import copy
-import fcntl
 import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-LOCK = Path(os.environ.get("HASTEN_TEST_LOCK", "/tmp/hasten-multiprocess-tests.lock"))
+from worker_launch import launch_worker, peak_rss_mb, report
+
 LAYERS, WIDTH, BATCH = 48, 1024, 8
 STEPS = int(os.environ.get("BENCH_STEPS", 6))
 PAIRS = int(os.environ.get("BENCH_PAIRS", 30))
@@ -71,10 +68,6 @@ def loader():
     from torch.utils.data import DataLoader, TensorDataset
 
     return DataLoader(TensorDataset(torch.zeros(BATCH * 4, WIDTH)), batch_size=BATCH)
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def prepared(stage, offload: bool, limits=None):
@@ -279,30 +272,15 @@ def rows_from(results: dict) -> list:
 
 def main(argv=None) -> list:
     argv = list(sys.argv[1:] if argv is None else argv)
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / "build" / "torch_extensions"))
     results = {}
     for variant in SETTINGS:
-        out = Path(f"/tmp/hasten-bench-deepspeed-{os.getpid()}-{variant}.json")
         extra = {"MALLOC_MMAP_THRESHOLD_": "65536"} if variant == "zero3_mmap_64k" else {}
         if variant.endswith("_by_hand"):  # hasten's config for the same stage
             extra["BENCH_DS_CONFIG"] = json.dumps(results[variant.removesuffix("_by_hand")]["config"])
-        command = [sys.executable, "-m", "hasten", "launch", "-n", "2", __file__, "--worker", variant, str(out)]
         started = time.perf_counter()
-        with open(LOCK, "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            code = subprocess.call(command, env={**env, **extra})
-        if code != 0:
-            raise SystemExit(f"benchmark worker failed for {variant} (exit {code})")
-        results[variant] = json.loads(out.read_text())
-        out.unlink()
+        results[variant] = launch_worker(__file__, variant, extra)
         print(f"[{variant}: {time.perf_counter() - started:.0f} s]", flush=True)
-    rows = rows_from(results)
-    for row in rows:
-        print(f"{row['benchmark']:<64} {row['value']:<34} {row['ratio']:.2f}x", flush=True)
-    if "--json" in argv:
-        Path(argv[argv.index("--json") + 1]).write_text(json.dumps(rows, indent=1))
+    rows = report(rows_from(results), argv, widths=(64, 34))
     return rows
 
 

@@ -13,19 +13,16 @@ hand-written one in the same processes, alternating steps, and reports the media
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-LOCK = Path(os.environ.get("HASTEN_TEST_LOCK", "/tmp/hasten-multiprocess-tests.lock"))
+from worker_launch import launch_worker, peak_rss_mb, report
+
 LAYERS, WIDTH, BATCH, STEPS = 48, 1024, 8, int(os.environ.get("BENCH_STEPS", 8))
 # variant -> (what runs, extra environment). hasten sets glibc's mmap threshold for CPU FSDP itself
 # (utils/allocator.py); the hand-written loop gets the same policy for a fair step time, and runs once with the
@@ -47,10 +44,6 @@ def build():
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def run_steps(model, optimizer, backward, device="cpu") -> list:
@@ -179,19 +172,8 @@ def checkpoint_costs(accelerator) -> dict:
 
 def main(argv=None) -> list:
     argv = list(sys.argv[1:] if argv is None else argv)
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
-    results = {}
-    for variant, (runs, extra) in VARIANTS.items():
-        out = Path(f"/tmp/hasten-bench-fsdp-{os.getpid()}-{variant}.json")
-        command = [sys.executable, "-m", "hasten", "launch", "-n", "2", __file__, "--worker", runs, str(out)]
-        with open(LOCK, "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            code = subprocess.call(command, env={**env, **extra})
-        if code != 0:
-            raise SystemExit(f"benchmark worker failed for {variant} (exit {code})")
-        results[variant] = json.loads(out.read_text())
-        out.unlink()
+    results = {variant: launch_worker(__file__, runs, extra, label=variant)
+               for variant, (runs, extra) in VARIANTS.items()}
     ddp, ours, theirs = results["ddp"], results["hasten_fsdp2"], results["torch_fsdp2"]
     plain, untouched = results["torch_fsdp2_glibc_default"], results["hasten_fsdp2_allocator_untouched"]
     rows = [
@@ -225,11 +207,7 @@ def main(argv=None) -> list:
          "value": f"{ours['async_stall_s']:.2f} s vs {ours['save_full_s']:.2f} s",
          "ratio": ours["async_stall_s"] / ours["save_full_s"]},
     ]
-    for row in rows:
-        print(f"{row['benchmark']:<45} {row['value']:<28} {row['ratio']:.2f}x", flush=True)
-    if "--json" in argv:
-        Path(argv[argv.index("--json") + 1]).write_text(json.dumps(rows, indent=1))
-    return rows
+    return report(rows, argv)
 
 
 if __name__ == "__main__":

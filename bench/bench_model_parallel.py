@@ -37,18 +37,15 @@ with the defaults on 2 cores).
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-LOCK = Path(os.environ.get("HASTEN_TEST_LOCK", "/tmp/hasten-multiprocess-tests.lock"))
+from worker_launch import launch_worker, peak_rss_mb, report
+
 WIDTH, HIDDEN, BATCH = 1024, 4096, 8
 BLOCKS = int(os.environ.get("BENCH_BLOCKS", 24))
 STEPS = int(os.environ.get("BENCH_STEPS", 6))
@@ -98,10 +95,6 @@ def parallelize_by_hand(model, mesh):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     return parallelize_module(model, mesh, {"blocks.*.fc1": ColwiseParallel(), "blocks.*.fc2": RowwiseParallel()})
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def gather(value) -> list:
@@ -270,22 +263,6 @@ def pipeline_worker(out: Path) -> None:
     dist.barrier()
 
 
-def launch(variant: str) -> dict:
-    """One 2-process launch of this file's worker under the shared multi-process lock."""
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
-    out = Path(f"/tmp/hasten-bench-model-parallel-{os.getpid()}-{variant}.json")
-    command = [sys.executable, "-m", "hasten", "launch", "-n", "2", __file__, "--worker", variant, str(out)]
-    with open(LOCK, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        code = subprocess.call(command, env=env)
-    if code != 0:
-        raise SystemExit(f"benchmark worker failed for {variant} (exit {code})")
-    result = json.loads(out.read_text())
-    out.unlink()
-    return result
-
-
 def tensor_parallel_rows(results: dict) -> list:
     ddp, ours, theirs, paired = (results[name] for name in ("ddp", "hasten_tp", "torch_tp", "paired_tp"))
     return [
@@ -337,13 +314,9 @@ def pipeline_table(pipeline: dict) -> str:
 
 def main(argv=None) -> list:
     argv = list(sys.argv[1:] if argv is None else argv)
-    results = {variant: launch(variant) for variant in VARIANTS}
-    rows = tensor_parallel_rows(results) + pipeline_rows(results["pipeline"])
-    for row in rows:
-        print(f"{row['benchmark']:<50} {row['value']:<40} {row['ratio']:.2f}x", flush=True)
+    results = {variant: launch_worker(__file__, variant) for variant in VARIANTS}
+    rows = report(tensor_parallel_rows(results) + pipeline_rows(results["pipeline"]), argv, widths=(50, 40))
     print(pipeline_table(results["pipeline"]), flush=True)
-    if "--json" in argv:
-        Path(argv[argv.index("--json") + 1]).write_text(json.dumps(rows, indent=1))
     return rows
 
 

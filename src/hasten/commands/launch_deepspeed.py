@@ -46,11 +46,18 @@ def _stage(value) -> int:
     return int(text)
 
 
-def _device(value) -> str:
-    text = str(value).strip().lower()
-    if text not in OFFLOAD_DEVICES:
-        raise ValueError(f"an offload device is one of {', '.join(OFFLOAD_DEVICES)}")
-    return text
+def _choice(what: str, choices: tuple):
+    """A parser of one of ``choices`` (case-insensitive); the error says ``what`` and lists them."""
+    def parse(value) -> str:
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise ValueError(f"{what} is one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+_device = _choice("an offload device", OFFLOAD_DEVICES)
 
 
 def _boolean(value) -> bool:
@@ -80,15 +87,8 @@ def _names(value) -> str:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
-def _text(value) -> str:
-    return str(value)
-
-
-def _launcher(value) -> str:
-    text = str(value).strip().lower()
-    if text not in MULTINODE_LAUNCHERS:
-        raise ValueError(f"the DeepSpeed multi-node launcher is one of {', '.join(MULTINODE_LAUNCHERS)}")
-    return text
+_text = str
+_launcher = _choice("the DeepSpeed multi-node launcher", MULTINODE_LAUNCHERS)
 
 
 # flag dest / deepspeed_config key -> (parser, the setting DeepSpeedPlugin reads it from; None: the launcher's only)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -97,7 +98,8 @@ class _Engine:
     engine: object
     plugin_name: Optional[str]
     names: list = field(default_factory=list)  # the optimizer's parameter names per group, in its order
-    client_optimizer: object = None  # the optimizer the user gave (None: the config's)
+    client_optimizer: object = None  # the optimizer the user gave (a DummyOptim for the config's)
+    scheduler: object = None  # the scheduler the engine built and steps itself (config or lr_scheduler_callable)
     stepped: bool = False  # engine.step() already ran for the current accumulation cycle
 
 
@@ -240,7 +242,8 @@ class DeepSpeedStrategy(Strategy):
             from .deepspeed_state import undo_warmup_step
 
             undo_warmup_step(engine, originals)
-        record = _Engine(engine, self.plugin_name, names, optimizers[0] if optimizers else None)
+        record = _Engine(engine, self.plugin_name, names, optimizers[0] if optimizers else None,
+                         scheduler=engine_scheduler)
         self._engines.append(record)
         prepared_optimizers = []
         if optimizers:
@@ -248,9 +251,6 @@ class DeepSpeedStrategy(Strategy):
 
             prepared_optimizers.append(DeepSpeedOptimizerWrapper(engine_optimizer, strategy=self, engine=engine,
                                                                  client_optimizer=record.client_optimizer))
-        self._engine_schedulers = getattr(self, "_engine_schedulers", {})
-        if engine_scheduler is not None:
-            self._engine_schedulers[id(engine)] = engine_scheduler
         return [engine], prepared_optimizers
 
     def engine_scheduler_for(self, scheduler, optimizers):
@@ -260,9 +260,9 @@ class DeepSpeedStrategy(Strategy):
 
         if not isinstance(scheduler, DummyScheduler):
             return None
-        engines = [o.engine for o in optimizers if getattr(o, "engine", None) is not None] or \
-            [r.engine for r in self._engines if r.client_optimizer is not None]
-        built = [self._engine_schedulers[id(e)] for e in engines if id(e) in getattr(self, "_engine_schedulers", {})]
+        engines = [o.engine for o in optimizers if getattr(o, "engine", None) is not None]
+        records = [self._record(e) for e in engines] or [r for r in self._engines if r.client_optimizer is not None]
+        built = [r.scheduler for r in records if r.scheduler is not None]
         if not built:
             raise ValueError("The DummyScheduler's engine built no scheduler: the DeepSpeed config has no 'scheduler' "
                              "section and no lr_scheduler_callable was given. Prepare the DummyScheduler in the same "
@@ -317,7 +317,6 @@ class DeepSpeedStrategy(Strategy):
     def forget(self) -> None:
         """Drop every engine (``Accelerator.free_memory``)."""
         self._engines.clear()
-        getattr(self, "_engine_schedulers", {}).clear()
 
     # ------------------------------------------------------------ the training step
     def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, **kwargs) -> None:
@@ -374,13 +373,12 @@ class DeepSpeedStrategy(Strategy):
         return torch.as_tensor(norm if norm is not None else float("nan"), dtype=torch.float32)
 
     def _configured_clipping(self):
-        """The clipping value the user's config file set explicitly (not 'auto'), or None."""
+        """The clipping value set explicitly (a number, not "auto") in the user's config or the plugin, or None."""
         plugin = self.plugin
-        value = plugin.hf_ds_config.get_value("gradient_clipping")
-        explicit_plugin = plugin.gradient_clipping not in (None, "auto")
-        if value in (None, "auto") or not _from_file(plugin):
-            return plugin.gradient_clipping if explicit_plugin else None
-        return value
+        value = plugin.hf_ds_config.get_value("gradient_clipping") if getattr(plugin, "_config_given", False) else None
+        if value in (None, "auto"):
+            value = plugin.gradient_clipping
+        return None if value in (None, "auto") else value
 
     def _clip_target(self, parameters, models):
         wanted = {id(p) for p in parameters} if not isinstance(parameters, torch.Tensor) else {id(parameters)}
@@ -450,13 +448,9 @@ class DeepSpeedStrategy(Strategy):
         return f"DeepSpeedStrategy(zero_stage={shown}, processes={self.state.num_processes})"
 
 
-def _from_file(plugin) -> bool:
-    """Whether the plugin's config came from the user (a file or dict), not from the plugin's own fields."""
-    return getattr(plugin, "_config_given", False)
-
-
 def _is_engine(model) -> bool:
-    engine_type = getattr(__import__("sys").modules.get("deepspeed.runtime.engine"), "DeepSpeedEngine", None)
+    """Whether ``model`` is a DeepSpeed engine (deepspeed is not imported to answer)."""
+    engine_type = getattr(sys.modules.get("deepspeed.runtime.engine"), "DeepSpeedEngine", None)
     return engine_type is not None and isinstance(model, engine_type)
 
 
