@@ -145,3 +145,15 @@ def test_names_are_exported_where_accelerate_users_look():
     import hasten.big_modeling.sizes as sizes_module
 
     assert sizes_module.get_max_memory is get_max_memory
+
+
+def test_custom_dtypes_have_their_packed_sizes_in_planning():
+    from hasten.big_modeling import infer_auto_device_map
+    from hasten.utils import CustomDtype, dtype_byte_size
+
+    assert (dtype_byte_size(CustomDtype.INT4), dtype_byte_size(CustomDtype.INT2), dtype_byte_size(CustomDtype.FP8)) \
+        == (0.5, 0.25, 1)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 64, bias=False))
+    special = {"0.weight": CustomDtype.INT4, "1.weight": CustomDtype.INT4}
+    # 2 x 4096 int4 weights = 4096 bytes: both fit in 4100 bytes of "cpu" memory, as float32 they would not
+    assert set(infer_auto_device_map(model, max_memory={"cpu": 4100}, special_dtypes=special).values()) == {"cpu"}

@@ -74,8 +74,9 @@ def test_figures_follow_from_the_shapes(model_file, capsys):
     buffer_bytes = 16 * 8  # int64 positions keep their size in every row
     assert rows["float32"]["total_size"] == params * 4 + buffer_bytes
     assert rows["float16"]["total_size"] == params * 2 + buffer_bytes
-    assert rows["int8"]["total_size"] == params * 1 + buffer_bytes
-    assert rows["int4"]["total_size"] == params * 0.5 + buffer_bytes
+    # int8 / int4: what load_and_quantize_model allocates; Net's last child ("blocks") counts as its output head,
+    # so it stays unquantized, in float16 (tests/test_quantization_memory.py checks a model with a head)
+    assert rows["int8"]["total_size"] == rows["int4"]["total_size"] == params * 2 + buffer_bytes
     # the largest layer counts whole Blocks (the model's _no_split_modules) against the embedding
     assert rows["float32"]["largest_layer"] == max(block, embed) * 4
     assert rows["float32"]["training_adam"] == params * 16

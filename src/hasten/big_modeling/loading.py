@@ -103,7 +103,10 @@ def load_checkpoint_in_model(
     ``offload_folder``, mismatched keys under ``strict``) are raised before any weight is read.
     """
     if offload_8bit_bnb and any(type(p).__name__ == "Int8Params" for p in model.parameters()):
-        raise NotImplementedError("Offloading 8-bit bitsandbytes weights is not supported yet; load them on a GPU.")
+        raise NotImplementedError(
+            "load_checkpoint_in_model does not offload 8-bit bitsandbytes weights: load and quantize the model with "
+            "hasten.utils.load_and_quantize_model(model, BnbQuantizationConfig(load_in_8bit=True), weights_location="
+            "..., device_map=..., offload_folder=...), which offloads them with their scales (docs/quantization.md).")
     dtype = _as_dtype(dtype) if dtype is not None else None
     keep_fp32 = list(keep_in_fp32_modules or [])
     tied = find_tied_parameters(model)
@@ -124,7 +127,7 @@ def load_checkpoint_in_model(
         parked = tempfile.mkdtemp() if offload_state_dict else None
         try:
             offload_index, parked_index = {}, {}
-            for reader, keys in zip(readers, keys_by_file):
+            for reader, keys in _shards(readers, keys_by_file):
                 wanted = [k for k in keys if k in model_keys]
 
                 def mapped(name, reader=reader):  # stays on the CPU as stored: a zero-copy view of the file
@@ -152,6 +155,14 @@ def load_checkpoint_in_model(
         logger.warning("The checkpoint %s has no value for %s; they keep their current values (meta tensors stay "
                        "empty).", os.fspath(checkpoint), missing)
     retie_parameters(model, tied)
+
+
+def _shards(readers, keys_by_file):
+    """``(reader, keys)`` per checkpoint file, with a progress bar when there are several (main process, terminal)."""
+    from ..utils.progress import progress_bar
+
+    pairs = list(zip(readers, keys_by_file))
+    return progress_bar(pairs, desc="Loading checkpoint shards", unit="shard") if len(pairs) > 1 else pairs
 
 
 def _open_and_check(model, checkpoint, strict: bool, tied):
@@ -250,7 +261,7 @@ def _load_without_map(model, readers, keys_by_file, model_keys, full_state_dict)
     """No device map: copy into the model where it is; a model still on meta takes the loaded (CPU) tensors."""
     has_dtensor = any(type(p).__name__ == "DTensor" for p in model.parameters())
     on_meta = any(t.device == _META for t in model.state_dict().values())
-    for reader, keys in zip(readers, keys_by_file):
+    for reader, keys in _shards(readers, keys_by_file):
         state = dict(reader.tensors([k for k in keys if k in model_keys]))
         if has_dtensor or not full_state_dict:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -67,7 +67,11 @@ def _as_dtype(dtype) -> torch.dtype:
 
 
 def dtype_byte_size(dtype: torch.dtype) -> float:
-    """Bytes taken by one element of ``dtype`` (``bool`` counts 1/8, as a packed bit, the way Accelerate plans)."""
+    """Bytes taken by one element of ``dtype`` (``bool`` counts 1/8, as a packed bit, the way Accelerate plans;
+    ``CustomDtype.INT4`` 1/2, ``INT2`` 1/4 and ``FP8`` 1, for quantized weights in device-map planning)."""
+    custom = {"int4": 0.5, "int2": 0.25, "fp8": 1}.get(getattr(dtype, "value", None))
+    if custom is not None and type(dtype).__name__ == "CustomDtype":
+        return custom
     dtype = _as_dtype(dtype)
     if dtype == torch.bool:
         return 1 / 8

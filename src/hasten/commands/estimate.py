@@ -265,10 +265,14 @@ def _count(model) -> int:
 def estimate(model, dtypes, no_split=None) -> list[dict]:
     """Per dtype: ``{"dtype", "largest_layer", "total_size", "training_adam"}`` in bytes (training None for
     integer dtypes). Floating weights take the dtype's size (never more than they have); integer tensors keep
-    theirs; int8 / int4 count every floating weight quantized, a lower bound."""
+    theirs. int8 / int4 give what ``load_and_quantize_model`` allocates with a default ``BnbQuantizationConfig``:
+    the linear layers quantized (with their scales), the output head / tied weights and every other floating
+    tensor in float16."""
     import torch
 
     from hasten.big_modeling.sizes import compute_module_sizes, get_max_layer_size
+    from hasten.config.quantization import BnbQuantizationConfig
+    from hasten.quantization.sizes import quantized_module_sizes
 
     no_split = list(no_split) if no_split is not None else list(getattr(model, "_no_split_modules", None) or [])
     top = list(model.named_parameters(recurse=False)) + list(model.named_children()) + list(model.named_buffers(recurse=False))
@@ -276,8 +280,11 @@ def estimate(model, dtypes, no_split=None) -> list[dict]:
     int_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_floating_point())
     rows = []
     for name in dtypes:
-        target = {"int8": torch.int8, "int4": torch.uint4}.get(name) or getattr(torch, name)
-        sizes = compute_module_sizes(model, dtype=target)
+        if name in ("int8", "int4"):
+            config = BnbQuantizationConfig(load_in_8bit=name == "int8", load_in_4bit=name == "int4")
+            sizes = quantized_module_sizes(model, config)
+        else:
+            sizes = compute_module_sizes(model, dtype=getattr(torch, name))
         largest, _ = get_max_layer_size(top, sizes, no_split)
         training = None
         if name in ("float32", "float16", "bfloat16"):
@@ -329,7 +336,7 @@ def format_table(title: str, parameters: int, rows: list[dict]) -> str:
             for r in rows]
     table = create_ascii_table(headers, body, f"Memory needed by {title} ({parameters:,} parameters)")
     return table + ("\nTraining with Adam: fp32 weights, gradients and two moments (16 bytes/parameter), activations "
-                    "not included; int8/int4 count every floating weight quantized.")
+                    "not included; int8/int4: linear layers quantized by bitsandbytes (scales included), the rest in float16.")
 
 
 # ------------------------------------------------------------------ Accelerate's helpers
