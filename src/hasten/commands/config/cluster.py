@@ -1,91 +1,101 @@
 """``hasten config``'s questions for machines you launch on yourself; the answers become a ``ClusterConfig``.
 
-Only what hasten can run is asked: processes, machines, GPUs, mixed precision, debug checks, torch.compile.
-FSDP, DeepSpeed, Megatron-LM and TPUs are not offered until their backends land.
+The order: the type of machine, the machines and the number of processes, how the processes share the model
+(DDP, FSDP, DeepSpeed, tensor parallelism, Megatron-LM) with that backend's settings, debug checks, torch.compile,
+the GPUs, mixed precision. Each section lives in its own ``questionnaire_*`` module; this one composes them. TPUs
+and Amazon SageMaker are not offered (hasten cannot launch them yet).
 """
 from __future__ import annotations
 
-from ...config.enums import DistributedType
-from ...utils.constants import TORCH_DYNAMO_MODES
+from ...config.enums import ComputeEnvironment, DistributedType
 from .config_args import ClusterConfig
-from .config_utils import (DISTRIBUTED_CHOICES, DYNAMO_BACKENDS, _ask_field, _ask_options, _convert_distributed_mode,
-                           _convert_dynamo_backend, _convert_mixed_precision, _convert_yes_no_to_bool)
+from .questionnaire_compile import ask_dynamo
+from .questionnaire_deepspeed import ask_deepspeed
+from .questionnaire_fsdp import ask_fsdp
+from .questionnaire_machines import ask_machines, ask_num_processes
+from .questionnaire_megatron import ask_megatron
+from .questionnaire_parallelism import ask_fsdp_parallelism, ask_model_parallel
+from .questions import ask_bool, ask_choice, ask_text
 
-__all__ = ["get_cluster_input"]
+__all__ = ["get_cluster_input", "MACHINE_TYPES", "BACKENDS"]
 
-_YES_NO = "Please enter yes or no."
-
-
-def _yes_no(question: str, default: bool = False) -> bool:
-    return _ask_field(f"{question} [{'YES/no' if default else 'yes/NO'}]: ", _convert_yes_no_to_bool,
-                      default=default, error_message=_YES_NO)
-
-
-def _whole(question: str, default: int, minimum: int = 0) -> int:
-    def convert(text):
-        number = int(text)
-        if number < minimum:
-            raise ValueError(number)
-        return number
-
-    return _ask_field(f"{question} [{default}]: ", convert, default=default,
-                      error_message=f"Please enter a whole number of at least {minimum}.")
+MACHINE_TYPES = [("No distributed training (one process)", DistributedType.NO),
+                 ("multi-CPU (several processes on CPUs)", DistributedType.MULTI_CPU),
+                 ("multi-GPU (CUDA or ROCm)", DistributedType.MULTI_GPU),
+                 ("multi-XPU (Intel GPUs)", DistributedType.MULTI_XPU)]
+BACKENDS = [("DDP: each process holds the whole model", "ddp"),
+            ("FSDP: parameters, gradients and optimizer states sharded over the processes", "fsdp"),
+            ("DeepSpeed ZeRO", "deepspeed"),
+            ("Tensor parallelism (layers split over GPUs), with FSDP or DDP over the rest", "tp"),
+            ("Megatron-LM style: tensor and pipeline degrees, on hasten's torch-native engine", "megatron")]
+_PRECISIONS = [("no (float32)", "no"), ("fp16", "fp16"), ("bf16", "bf16"), ("fp8", "fp8")]
 
 
-def _machines(config: dict) -> None:
-    machines = _whole("How many machines will you use (more than 1 for multi-node training)?", 1, minimum=1)
-    config["num_machines"] = machines
-    if machines == 1:
-        return
-    config["machine_rank"] = _ask_options("What is the rank of this machine?", [str(rank) for rank in range(machines)])
-    config["main_process_ip"] = _ask_field("What is the IP address of the machine that will host the main process? ")
-    config["main_process_port"] = _whole("What is the port you will use to communicate with the main process?",
-                                         29500, minimum=1)
-    config["same_network"] = _yes_no("Are all the machines on the same local network?", default=True)
-    if not config["same_network"]:
-        config["rdzv_backend"] = _ask_field("What rendezvous backend will you use? ('static', 'c10d', ...) [static]: ",
-                                            default="static")
+def _gpu_ids(per_machine: int):
+    """``all`` or a comma-separated list of device ids, at least as many as the processes of one machine."""
+    def check(text: str) -> str:
+        if text.strip().lower() == "all":
+            return "all"
+        ids = [part.strip() for part in text.split(",") if part.strip()]
+        if not ids or not all(part.isdigit() for part in ids):
+            raise ValueError(f"{text!r} is not a list of device ids: write e.g. 0,1 (or all).")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{text!r} names a device twice.")
+        if len(ids) < per_machine:
+            raise ValueError(f"{len(ids)} device(s) for {per_machine} processes on this machine: name at least "
+                             f"{per_machine} (one per process).")
+        return ",".join(ids)
+
+    return check
 
 
-def _dynamo() -> dict:
-    if not _yes_no("Do you wish to optimize your script with torch.compile?"):
-        return {}
-    dynamo = {"dynamo_backend": _ask_options("Which backend do you want to use?", [b.lower() for b in DYNAMO_BACKENDS],
-                                             _convert_dynamo_backend, default=DYNAMO_BACKENDS.index("INDUCTOR"))}
-    if _yes_no("Do you want to customize the defaults sent to torch.compile?"):
-        dynamo["dynamo_mode"] = _ask_options("Which mode do you want to use?", TORCH_DYNAMO_MODES,
-                                             lambda index: TORCH_DYNAMO_MODES[int(index)])
-        dynamo["dynamo_use_fullgraph"] = _yes_no("Do you want the whole model compiled as one graph (fullgraph)?")
-        dynamo["dynamo_use_dynamic"] = _yes_no("Do you want to enable dynamic shape tracing?")
-        dynamo["dynamo_use_regional_compilation"] = _yes_no("Do you want to compile repeated blocks once "
-                                                            "(regional compilation)?")
-    return dynamo
+def _backend(config: dict, num_processes: int) -> None:
+    """How the processes share the model, and that backend's settings."""
+    backend = ask_choice("How should the processes share the model?", BACKENDS)
+    if backend == "fsdp":
+        config["distributed_type"] = DistributedType.FSDP
+        config["fsdp_config"] = ask_fsdp()
+        if config["fsdp_config"]["fsdp_version"] == 2:
+            config["parallelism_config"] = ask_fsdp_parallelism(num_processes)
+    elif backend == "deepspeed":
+        config["distributed_type"] = DistributedType.DEEPSPEED
+        config["deepspeed_config"] = ask_deepspeed(config.get("num_machines", 1))
+    elif backend == "tp":
+        config["parallelism_config"] = ask_model_parallel(num_processes)
+    elif backend == "megatron":
+        config["distributed_type"] = DistributedType.MEGATRON_LM
+        config["megatron_lm_config"] = ask_megatron(num_processes)
 
 
 def get_cluster_input() -> ClusterConfig:
     """Ask about this machine (and the others, for multi-node training) and return the config."""
-    distributed_type = _ask_options("Which type of machine are you using?", [label for label, _ in DISTRIBUTED_CHOICES],
-                                    _convert_distributed_mode)
-    config = {"compute_environment": "LOCAL_MACHINE", "distributed_type": distributed_type}
-    distributed = distributed_type != DistributedType.NO
+    kind = ask_choice("Which type of machine are you using?", MACHINE_TYPES)
+    config = {"compute_environment": ComputeEnvironment.LOCAL_MACHINE, "distributed_type": kind}
+    distributed = kind != DistributedType.NO
+    on_gpus = kind in (DistributedType.MULTI_GPU, DistributedType.MULTI_XPU)
     if distributed:
-        _machines(config)
-    config["debug"] = distributed and _yes_no(
-        "Should distributed operations be checked while running for errors (slower, but a mismatch is reported "
-        "instead of hanging)?")
-    config["use_cpu"] = distributed_type == DistributedType.MULTI_CPU or (
-        not distributed and _yes_no("Do you want to run your training on the CPU only (even if a GPU is available)?"))
-    config["dynamo_config"] = _dynamo()
-    if distributed:
-        config["num_processes"] = _whole("How many processes in total will you use (over all machines)?", 2,
-                                         minimum=1)
+        ask_machines(config)
+        what = "processes" if kind == DistributedType.MULTI_CPU else ("GPUs" if kind == DistributedType.MULTI_GPU
+                                                                        else "XPUs")
+        config["num_processes"] = ask_num_processes(config, what)
+        config["use_cpu"] = kind == DistributedType.MULTI_CPU
     else:
         config["num_processes"] = 1
-    if distributed_type in (DistributedType.MULTI_GPU, DistributedType.MULTI_XPU):
-        config["gpu_ids"] = _ask_field("Which GPU(s) (by id) should be used on this machine, as a comma-separated "
-                                       "list? [all]: ", default="all")
-        config["enable_cpu_affinity"] = _yes_no("Should each process be pinned to the CPU cores of its GPU's "
-                                                "NUMA node?")
-    config["mixed_precision"] = _ask_options("Do you wish to use mixed precision?", ["no", "fp16", "bf16", "fp8"],
-                                             _convert_mixed_precision).value
+        config["use_cpu"] = ask_bool("Run on the CPU only, even where a GPU is available?", False)
+    if on_gpus:
+        _backend(config, config["num_processes"])
+    config["debug"] = distributed and ask_bool(
+        "Check distributed operations while running (slower, but a mismatch between processes is reported "
+        "instead of hanging)?", False)
+    config["dynamo_config"] = ask_dynamo()
+    if on_gpus or not config["use_cpu"]:
+        per_machine = config["num_processes"] // config.get("num_machines", 1)
+        config["gpu_ids"] = ask_text("Which GPUs (by id) should this machine use, comma-separated?", default="all",
+                                     check=_gpu_ids(per_machine))
+        config["enable_cpu_affinity"] = ask_bool("Pin each process to the CPU cores of its GPU's NUMA node?", False)
+    if "deepspeed_config_file" in (config.get("deepspeed_config") or {}):
+        print("  Mixed precision is set in the DeepSpeed config file (its fp16 / bf16 sections).")
+    else:
+        config["mixed_precision"] = ask_choice("Do you wish to use mixed precision?", _PRECISIONS)
+    config.setdefault("mixed_precision", None)
     return ClusterConfig(**config)

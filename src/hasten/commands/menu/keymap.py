@@ -70,11 +70,17 @@ def get_character():
     """The key pressed: a printable character, Enter or Ctrl+C as such, an arrow as ``chr(KEYMAP[...])``;
     ``KEYMAP["undefined"]`` for anything else."""
     char = get_raw_chars()
+    if char == "":
+        raise EOFError("the input ended while a menu was waiting for a key")
     if ord(char) in (KEYMAP["interrupt"], KEYMAP["newline"]):
         return char
     if ord(char) == KEYMAP["esc"]:
-        if ord(get_raw_chars()) != KEYMAP["mod_int"]:
+        second = get_raw_chars()
+        if second == "" or ord(second) != KEYMAP["mod_int"]:
             return KEYMAP["undefined"]
-        key = ord(get_raw_chars()) + ARROW_KEY_FLAG
+        third = get_raw_chars()
+        if third == "":
+            return KEYMAP["undefined"]
+        key = ord(third) + ARROW_KEY_FLAG
         return chr(key) if KEYMAP["arrow_begin"] <= key <= KEYMAP["arrow_end"] else KEYMAP["undefined"]
     return char if char in string.printable else KEYMAP["undefined"]

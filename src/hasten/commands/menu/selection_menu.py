@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import builtins
 import importlib.util
+import os
 import sys
 from typing import Optional
 
@@ -18,9 +19,27 @@ except (ImportError, ValueError):
     in_colab = False
 
 
+def _raw_keys_readable() -> bool:
+    """Whether the terminal lets single key presses be read (POSIX: its settings can be read; Windows: always)."""
+    if os.name == "nt":
+        return True
+    try:
+        import termios
+
+        termios.tcgetattr(sys.stdin.fileno())
+    except (ImportError, OSError, ValueError, AttributeError):  # termios.error is an OSError subclass
+        return False
+    return True
+
+
 def _line_mode() -> bool:
-    """Keys cannot be read one by one (no terminal, or a notebook): ask for the number instead."""
-    return in_colab or not (sys.stdin.isatty() and sys.stdout.isatty())
+    """Keys cannot be read one by one or the cursor cannot be moved (no terminal, ``TERM=dumb``, a notebook):
+    ask for the number instead."""
+    if in_colab or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return True
+    if os.name != "nt" and os.environ.get("TERM", "dumb") in ("", "dumb", "unknown"):
+        return True
+    return not _raw_keys_readable()
 
 
 @input.register
@@ -87,15 +106,20 @@ class BulletMenu:
             self.move_direction(direction, abs(index - self.position))
 
     def _run_line_mode(self, default_choice: int) -> int:
+        """Numbered choices; the number typed (or the choice's text, in any case), the default on Enter."""
         for index, choice in enumerate(self.choices):
             forceWrite(f"  [{index}] {choice}", "\n")
+        names = [str(choice).strip().lower() for choice in self.choices]
         while True:
             answer = builtins.input(f"Choice [{default_choice}]: ").strip()
             if not answer:
                 return default_choice
             if answer.isdigit() and int(answer) < len(self.choices):
                 return int(answer)
-            forceWrite(f"Please type a number from 0 to {len(self.choices) - 1}.", "\n")
+            if answer.lower() in names:
+                return names.index(answer.lower())
+            forceWrite(f"{answer!r} is not one of the choices. Please type a number from 0 to "
+                       f"{len(self.choices) - 1}.", "\n")
 
     def run(self, default_choice: int = 0) -> int:
         """Show the menu and return the index of the choice made."""
@@ -106,7 +130,7 @@ class BulletMenu:
         if self.prompt:
             linebreak()
             forceWrite(self.prompt, "\n")
-        forceWrite("Please select a choice using the arrow or number keys, and selecting with enter", "\n")
+        forceWrite("(arrow keys or a digit to move, Enter to choose)", "\n")
         self.position = default_choice
         for index in range(len(self.choices)):
             self.print_choice(index)
