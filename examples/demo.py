@@ -2,20 +2,23 @@
 
     hasten launch -n 2 examples/demo.py            # what `make demo` runs
     python examples/demo.py --mixed_precision no   # one process
+    hasten launch -n 2 examples/demo.py --project_dir runs/demo && hasten report runs/demo   # curves as HTML
 
 A small classifier learns a generated two-spirals data set: mixed precision, gradient accumulation, gradient
 clipping, a learning-rate schedule, and evaluation whose accuracy counts every sample exactly once (the
-evaluation set does not divide evenly across processes).
+evaluation set does not divide evenly across processes). The loops show a progress bar on the main process; with
+--project_dir the loss, learning rate, throughput and accuracy are logged with the dependency-free JSONL tracker.
 """
 import argparse
 import math
+import time
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator
-from hasten.utils import set_seed
+from hasten.utils import set_seed, tqdm
 
 
 def spirals(num_samples: int, seed: int) -> TensorDataset:
@@ -33,9 +36,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mixed_precision", default=None, choices=["no", "bf16", "fp16"])
     parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--project_dir", default=None, help="log metrics to PROJECT_DIR/demo/metrics.jsonl")
     args = parser.parse_args()
 
-    accelerator = Accelerator(mixed_precision=args.mixed_precision or "bf16", gradient_accumulation_steps=2)
+    accelerator = Accelerator(mixed_precision=args.mixed_precision or "bf16", gradient_accumulation_steps=2,
+                              log_with="jsonl" if args.project_dir else None, project_dir=args.project_dir)
+    accelerator.init_trackers("demo", config={"epochs": args.epochs, "lr": 3e-3, "batch_size": 64,
+                                              "processes": accelerator.num_processes})
     set_seed(0)
     train = DataLoader(spirals(4096, seed=0), batch_size=64, shuffle=True)
     evaluate = DataLoader(spirals(1001, seed=1), batch_size=100)  # 1001: uneven on purpose
@@ -45,9 +52,12 @@ def main():
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps)
     model, optimizer, train, evaluate, scheduler = accelerator.prepare(model, optimizer, train, evaluate, scheduler)
 
+    step = 0
     for epoch in range(args.epochs):
         model.train()
-        for x, y in train:
+        started, seen = time.perf_counter(), 0
+        for x, y in tqdm(train, desc=f"epoch {epoch} train", leave=False):  # shown on the main process only
+            seen += len(x)
             with accelerator.accumulate(model):
                 loss = nn.functional.cross_entropy(model(x), y)
                 accelerator.backward(loss)
@@ -56,15 +66,22 @@ def main():
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
+            if accelerator.sync_gradients:
+                step += 1
+                accelerator.log({"train/loss": loss.detach().float(), "lr": scheduler.get_last_lr()[0]}, step=step)
+        accelerator.log({"samples_per_second": seen * accelerator.num_processes / (time.perf_counter() - started)},
+                        step=step)
         model.eval()
         correct = total = 0
-        for x, y in evaluate:
+        for x, y in tqdm(evaluate, desc=f"epoch {epoch} eval", leave=False):
             with torch.no_grad():
                 predictions = model(x).argmax(-1)
             predictions, y = accelerator.gather_for_metrics((predictions, y))
             correct += int((predictions == y).sum())
             total += len(y)
+        accelerator.log({"eval/accuracy": correct / total}, step=step)
         accelerator.print(f"epoch {epoch}: loss {loss.item():.3f}  accuracy {correct / total:.3f} on {total} samples")
+    accelerator.end_training()
 
     assert total == 1001, f"evaluation counted {total} samples instead of 1001"
     if correct / total < 0.9:

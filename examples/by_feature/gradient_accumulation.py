@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from hasten import Accelerator
+from hasten.utils import tqdm
 
 VOCAB, ACCUMULATION = 11, 4
 
@@ -34,7 +35,7 @@ def main():
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
     iterator = iter(loader)
-    for cycle_index in range(len(loader) // ACCUMULATION):
+    for cycle_index in tqdm(range(len(loader) // ACCUMULATION), desc="train"):  # main process only
         cycle = [next(iterator) for _ in range(ACCUMULATION)]
         num_items = accelerator.reduce(sum((labels != -100).sum() for _, labels in cycle), reduction="sum")
         for tokens, labels in cycle:

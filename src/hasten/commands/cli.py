@@ -24,6 +24,7 @@ COMMANDS = {
     "merge-weights": "hasten.commands.merge",
     "to-fsdp2": "hasten.commands.to_fsdp2",
     "tpu-config": "hasten.commands.tpu",
+    "report": "hasten.commands.report",
 }
 
 # one line per subcommand for `hasten --help`, shown without importing the modules
@@ -36,6 +37,7 @@ SUMMARIES = {
     "merge-weights": "merge a sharded FSDP checkpoint into one file (not yet supported)",
     "to-fsdp2": "convert a config file's FSDP1 settings to FSDP2",
     "tpu-config": "run setup commands on a TPU pod (not yet supported)",
+    "report": "write an HTML page of a run's logged curves (JSONL / TensorBoard logs) and its config",
 }
 
 

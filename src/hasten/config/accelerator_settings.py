@@ -91,19 +91,19 @@ def _handlers_by_type(kwargs_handlers) -> dict:
 
 
 def check_log_with_names(log_with) -> None:
-    """Raise ``ValueError`` listing the known tracker names when ``log_with`` names one that is not known
-    (a typo should not read as "not yet supported"); tracker instances and known names pass."""
+    """Raise ``ValueError`` listing the known tracker names, and those installed here, when ``log_with`` names one
+    that is not known (a typo should not read as a missing package); tracker instances and known names pass."""
     from ..tracking.base import GeneralTracker
-    from ..tracking.registry import LOGGER_TYPE_TO_CLASS
-    from .enums import LoggerType
+    from ..tracking.registry import get_available_trackers, known_tracker_names
 
-    known = sorted(set(LoggerType.list()) | set(LOGGER_TYPE_TO_CLASS))
+    known = known_tracker_names()
     entries = log_with if isinstance(log_with, (list, tuple)) else [log_with]
     unknown = [entry for entry in entries if not isinstance(entry, GeneralTracker) and str(entry) not in known]
     if unknown:
         names = ", ".join(repr(entry) for entry in unknown)
-        raise ValueError(f"Unknown log_with tracker {names}; the known names are {', '.join(known)} (or pass a "
-                         "GeneralTracker instance).")
+        installed = ", ".join(str(name) for name in get_available_trackers())
+        raise ValueError(f"Unknown log_with tracker {names}; the known names are {', '.join(known)} (installed here: "
+                         f"{installed}), or pass a GeneralTracker instance.")
 
 
 def _rng_types(rng_types) -> list:

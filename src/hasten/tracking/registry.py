@@ -1,4 +1,5 @@
-"""Which tracker a ``log_with`` entry names: the registry of tracker classes and ``filter_trackers``."""
+"""Which tracker a ``log_with`` entry names: the registry of tracker classes, which are installed, and
+``filter_trackers``."""
 from __future__ import annotations
 
 import os
@@ -6,23 +7,23 @@ import warnings
 from typing import Optional, Union
 
 from ..config.enums import LoggerType
+from ..utils import imports
+from .aim import AimTracker
 from .base import GeneralTracker
-from .planned import (
-    AimTracker,
-    ClearMLTracker,
-    CometMLTracker,
-    DVCLiveTracker,
-    MLflowTracker,
-    SwanLabTracker,
-    TensorBoardTracker,
-    TrackioTracker,
-    WandBTracker,
-    _PlannedTracker,
-)
+from .clearml import ClearMLTracker
+from .comet_ml import CometMLTracker
+from .dvclive import DVCLiveTracker
+from .jsonl import JSONLTracker
+from .mlflow import MLflowTracker
+from .swanlab import SwanLabTracker
+from .tensorboard import TensorBoardTracker
+from .trackio import TrackioTracker
+from .wandb import WandBTracker
 
-__all__ = ["LOGGER_TYPE_TO_CLASS", "register_tracker_class", "get_available_trackers", "filter_trackers"]
+__all__ = ["LOGGER_TYPE_TO_CLASS", "register_tracker_class", "get_available_trackers", "filter_trackers",
+           "known_tracker_names", "is_tracker_installed"]
 
-LOGGER_TYPE_TO_CLASS = {
+_BUILTIN = {
     "aim": AimTracker,
     "comet_ml": CometMLTracker,
     "mlflow": MLflowTracker,
@@ -32,7 +33,18 @@ LOGGER_TYPE_TO_CLASS = {
     "dvclive": DVCLiveTracker,
     "swanlab": SwanLabTracker,
     "trackio": TrackioTracker,
+    "jsonl": JSONLTracker,
 }
+LOGGER_TYPE_TO_CLASS = dict(_BUILTIN)  # register_tracker_class adds to it
+
+# built-in tracker name -> whether its package is installed (looked up when asked: installs may change)
+_INSTALLED = {
+    "aim": imports.is_aim_available, "comet_ml": imports.is_comet_ml_available, "mlflow": imports.is_mlflow_available,
+    "tensorboard": imports.is_tensorboard_available, "wandb": imports.is_wandb_available,
+    "clearml": imports.is_clearml_available, "dvclive": imports.is_dvclive_available,
+    "swanlab": imports.is_swanlab_available, "trackio": imports.is_trackio_available,
+}
+_PACKAGES = {"comet_ml": "comet_ml", "mlflow": "mlflow"}  # pip names where they differ from the tracker name
 
 
 def _logger_type(value) -> Optional[LoggerType]:
@@ -40,6 +52,18 @@ def _logger_type(value) -> Optional[LoggerType]:
         return LoggerType(value)
     except ValueError:
         return None
+
+
+def is_tracker_installed(name: str) -> bool:
+    """Whether the tracker registered as ``name`` can run here (its package is installed; custom ones: always)."""
+    if name in _INSTALLED and LOGGER_TYPE_TO_CLASS.get(name) is _BUILTIN[name]:
+        return _INSTALLED[name]()
+    return True
+
+
+def known_tracker_names() -> list:
+    """Every name ``log_with`` accepts ("all" included)."""
+    return sorted(set(LoggerType.list()) | set(LOGGER_TYPE_TO_CLASS))
 
 
 def register_tracker_class(tracker_class: type[GeneralTracker]):
@@ -59,26 +83,40 @@ def register_tracker_class(tracker_class: type[GeneralTracker]):
 
 
 def get_available_trackers() -> list:
-    """The built-in tracker types hasten can run now (the planned ones are not among them)."""
-    return [LoggerType(name) for name, cls in LOGGER_TYPE_TO_CLASS.items()
-            if _logger_type(name) is not None and not issubclass(cls, _PlannedTracker)]
+    """The built-in trackers whose packages are installed here (``LoggerType`` members), and ``"jsonl"``, which
+    needs nothing."""
+    return [_logger_type(name) or name for name in LOGGER_TYPE_TO_CLASS
+            if LOGGER_TYPE_TO_CLASS[name] is _BUILTIN.get(name) and is_tracker_installed(name)]
+
+
+def _missing_package_error(name: str) -> ImportError:
+    package = _PACKAGES.get(name, name)
+    return ImportError(f"log_with={name!r} needs the `{package}` package, which is not installed: "
+                       f"pip install 'hasten[trackers]' (or pip install {package}). Installed trackers: "
+                       f"{', '.join(map(str, get_available_trackers()))}.")
 
 
 def filter_trackers(log_with: list[Union[str, LoggerType, GeneralTracker]],
                     logging_dir: Optional[Union[str, os.PathLike]] = None):
     """The trackers ``log_with`` asks for, without repeats: ``GeneralTracker`` instances as they are, tracker types
-    (``LoggerType`` members, or registered names) by name. ``"all"`` means every available tracker plus the
-    instances given.
+    (``LoggerType`` members, or registered names) by name. ``"all"`` means every installed tracker plus the
+    instances given (those needing a logging directory left out when there is none).
 
-    A tracker that needs a logging directory needs ``logging_dir``; a built-in tracker that is planned but not built
-    yet raises ``NotYetSupportedError`` rather than being dropped silently; an unknown name is a ``ValueError``.
+    An unknown name is a ``ValueError``; a named tracker whose package is missing an ``ImportError`` naming the
+    extra; a tracker that needs a logging directory without ``logging_dir`` a ``ValueError``.
     """
     if log_with is None:
         return []
     if not isinstance(log_with, (list, tuple)):
         log_with = [log_with]
+    instances = [entry for entry in log_with if isinstance(entry, GeneralTracker)]
     if any(_logger_type(entry) == LoggerType.ALL for entry in log_with if not isinstance(entry, GeneralTracker)):
-        return [entry for entry in log_with if isinstance(entry, GeneralTracker)] + get_available_trackers()
+        available = get_available_trackers()
+        need_dir = [str(name) for name in available if LOGGER_TYPE_TO_CLASS[str(name)].requires_logging_directory]
+        if logging_dir is None and need_dir:
+            warnings.warn(f"log_with='all' leaves out {', '.join(need_dir)}: they need a logging directory "
+                          "(give Accelerator(project_dir=...)).")
+        return instances + [name for name in available if logging_dir is not None or str(name) not in need_dir]
     loggers = []
     for entry in log_with:
         if isinstance(entry, GeneralTracker):
@@ -87,13 +125,14 @@ def filter_trackers(log_with: list[Union[str, LoggerType, GeneralTracker]],
         name = str(entry)
         tracker_class = LOGGER_TYPE_TO_CLASS.get(name)
         if tracker_class is None:
-            choices = sorted(set(LoggerType.list()) | set(LOGGER_TYPE_TO_CLASS))
-            raise ValueError(f"Unsupported logging capability: {entry!r}. Choose among {choices}, or pass a "
+            raise ValueError(f"Unsupported logging capability: {entry!r}. Choose among {known_tracker_names()} "
+                             f"(installed here: {', '.join(map(str, get_available_trackers()))}), or pass a "
                              "GeneralTracker instance.")
-        if issubclass(tracker_class, _PlannedTracker):
-            raise tracker_class._not_yet_supported()
+        if not is_tracker_installed(name):
+            raise _missing_package_error(name)
         if tracker_class.requires_logging_directory and logging_dir is None:
-            raise ValueError(f"Logging with {name!r} requires a logging_dir (give project_dir or logging_dir).")
+            raise ValueError(f"Logging with {name!r} requires a logging directory: give Accelerator(project_dir=...) "
+                             "or project_config=ProjectConfiguration(logging_dir=...).")
         entry = _logger_type(name) or name
         if entry not in loggers:
             loggers.append(entry)

@@ -1,4 +1,8 @@
-"""A ``tqdm`` progress bar shown on the main process only (the others get a disabled bar)."""
+"""A ``tqdm`` progress bar shown on the main process only (the others get a disabled bar).
+
+Library code imports ``hasten.utils.progress`` instead of this module: importing ``hasten.utils.tqdm`` as a module
+would make ``from hasten.utils import tqdm`` return the module rather than this function.
+"""
 from __future__ import annotations
 
 __all__ = ["tqdm"]

@@ -1,0 +1,66 @@
+"""``DVCLiveTracker`` (``log_with="dvclive"``): metrics and params as DVCLive files (plain TSV/JSON/YAML, local).
+
+With a logging directory and no ``dir`` in init_kwargs, files go to ``<logging_dir>/dvclive`` (``dvc.yaml``
+included, instead of the working directory).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from .base import GeneralTracker, on_main_process
+from .packages import import_tracker_package
+from .values import prepare_config, prepare_log_values
+
+__all__ = ["DVCLiveTracker"]
+
+
+class DVCLiveTracker(GeneralTracker):
+    """Log through ``live`` (a ``dvclive.Live``) or a new ``Live(**kwargs)``; each ``log`` call is one step."""
+
+    name = "dvclive"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: Optional[str] = None, live: Optional[Any] = None, **kwargs):
+        super().__init__()
+        self.run_name = run_name
+        self.live = live
+        self.init_kwargs = kwargs
+
+    def _use_logging_dir(self, logging_dir: str) -> None:
+        if self.live is None:
+            directory = self.init_kwargs.setdefault("dir", os.path.join(logging_dir, "dvclive"))
+            self.init_kwargs.setdefault("dvcyaml", os.path.join(directory, "dvc.yaml"))  # not in the working dir
+
+    @on_main_process
+    def start(self):
+        if self.live is None:
+            self.live = import_tracker_package("dvclive", self.name).Live(**self.init_kwargs)
+
+    @property
+    def tracker(self):
+        return self.live
+
+    @on_main_process
+    def store_init_configuration(self, values: dict):
+        self.live.log_params(prepare_config(values))
+
+    @on_main_process
+    def log(self, values: dict, step: Optional[int] = None, **kwargs):
+        """Numbers become metrics (``a/b`` for a dict's entries); strings, which DVCLive cannot plot, become params."""
+        if step is not None:
+            self.live.step = step
+        for key, value in prepare_log_values(values).items():
+            if isinstance(value, str):
+                self.live.log_param(key, value)
+            elif isinstance(value, dict):
+                for sub, inner in value.items():
+                    self.live.log_metric(f"{key}/{sub}", inner, **kwargs)
+            else:
+                self.live.log_metric(key, value, **kwargs)
+        self.live.next_step()
+
+    @on_main_process
+    def finish(self):
+        if self.live is not None:
+            self.live.end()

@@ -1,0 +1,98 @@
+"""``TensorBoardTracker`` (``log_with="tensorboard"``): scalars, text and images in TensorBoard event files.
+
+Files go to ``<logging_dir>/<run_name>/``; the run's config is also written there as ``hparams.yml`` so it can be
+read without TensorBoard. Uses ``torch.utils.tensorboard`` (needs the ``tensorboard`` package) or ``tensorboardX``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Union
+
+from .base import GeneralTracker, on_main_process
+from .packages import import_tracker_package
+from .values import prepare_config, prepare_log_values
+
+__all__ = ["TensorBoardTracker", "HPARAMS_FILE"]
+
+HPARAMS_FILE = "hparams.yml"
+
+
+def _summary_writer_class():
+    try:
+        import_tracker_package("tensorboard", "tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            import_tracker_package("tensorboard", "tensorboard")  # raises, naming the extra
+            raise
+    return SummaryWriter
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    """Nested config flattened to ``a/b`` keys with values TensorBoard's hparams accept."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            flat[f"{prefix}{key}"] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return flat
+
+
+class TensorBoardTracker(GeneralTracker):
+    """Write TensorBoard event files to ``<logging_dir>/<run_name>``; extra keyword arguments go to
+    ``SummaryWriter`` (e.g. ``flush_secs``)."""
+
+    name = "tensorboard"
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: Union[str, os.PathLike], **kwargs):
+        super().__init__()
+        self.run_name = run_name
+        self.logging_dir_param = logging_dir
+        self.logging_dir = os.path.join(os.fspath(logging_dir), run_name)
+        self.init_kwargs = kwargs
+        self.writer = None
+
+    @on_main_process
+    def start(self):
+        self.writer = _summary_writer_class()(self.logging_dir, **self.init_kwargs)
+
+    @property
+    def tracker(self):
+        return self.writer
+
+    @on_main_process
+    def store_init_configuration(self, values: dict):
+        import yaml
+
+        config = prepare_config(values)
+        self.writer.add_hparams(_flat(config), metric_dict={}, run_name=".")  # same folder, not a timestamped one
+        self.writer.flush()
+        with open(os.path.join(self.logging_dir, HPARAMS_FILE), "w", encoding="utf-8") as file:
+            yaml.safe_dump(config, file, sort_keys=True)
+
+    @on_main_process
+    def log(self, values: dict, step: Optional[int] = None, **kwargs):
+        for key, value in prepare_log_values(values).items():
+            if isinstance(value, str):
+                self.writer.add_text(key, value, global_step=step, **kwargs)
+            elif isinstance(value, dict):
+                self.writer.add_scalars(key, value, global_step=step, **kwargs)
+            else:
+                self.writer.add_scalar(key, value, global_step=step, **kwargs)
+        self.writer.flush()
+
+    @on_main_process
+    def log_images(self, values: dict, step: Optional[int] = None, **kwargs):
+        """Log batches of images (``{name: array of N images}``, ``add_images``'s ``dataformats`` in kwargs)."""
+        for key, images in values.items():
+            self.writer.add_images(key, images, global_step=step, **kwargs)
+        self.writer.flush()
+
+    @on_main_process
+    def finish(self):
+        if self.writer is not None:
+            self.writer.close()
