@@ -193,9 +193,9 @@ def test_the_questionnaire_writes_a_config_that_hasten_launch_reads(tmp_path, mo
     from hasten.commands.config import config as config_module
     from hasten.commands.launch import load_launch_config
 
-    # this machine, multi-CPU, 2 machines, rank 1 (menu), address, port (default), same network (default),
-    # debug checks, no compile, 4 processes, bf16 (menu)
-    monkeypatch.setattr(builtins, "input", Answers("0", "1", "2", "1", "10.0.0.1", "", "", "yes", "no", "4", "2"))
+    # this machine, multi-CPU, 2 machines, rank 1, address, port (default), same network (default),
+    # 4 processes, debug checks, no compile, bf16 (menu)
+    monkeypatch.setattr(builtins, "input", Answers("0", "1", "2", "1", "10.0.0.1", "", "", "4", "yes", "no", "2"))
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
     target = tmp_path / "asked.yaml"
     assert config_module.config_command(argparse.Namespace(config_file=str(target))) == 0
@@ -350,7 +350,7 @@ def test_gather_data_and_create_empty_model(tmp_path, monkeypatch):
     rows = gather_data(argparse.Namespace(model_name="tiny_net:make", dtypes=["float32", "int8"],
                                           library_name=None, trust_remote_code=False))
     assert rows[0] == ["float32", 400, 440, {"model": 440, "optimizer": 880, "gradients": 440, "step": 1760}]
-    assert rows[1][:3] == ["int8", 100, 110] and rows[1][3]["step"] == -1
+    assert rows[1][:3] == ["int8", 200, 220] and rows[1][3]["step"] == -1  # a bare Linear root is not quantized
     with pytest.raises(CommandError, match="library_name"):
         create_empty_model("x", library_name="keras")
 

@@ -21,6 +21,7 @@ from check_model_parallel import TinyGPT  # noqa: E402
 def test_tensor_and_sequence_parallelism_and_a_llama_match_one_process_and_the_checkpoint_loads_with_tp_1(tmp_path):
     result = run_launch("check_model_parallel.py", tmp_path, num_processes=2, timeout=400)
     assert "MODEL PARALLEL CHECKS PASSED" in result.stdout, result.stdout
+    assert "ok: TP=2 with a loss-parallel head matches single-process training" in result.stdout
     # the TP=2 checkpoint (DCP shards) on one process, without tensor parallelism
     accelerator = Accelerator(cpu=True)
     model = TinyGPT()
@@ -41,6 +42,8 @@ def test_pipeline_parallelism_trains_like_one_process_alone_with_tp_and_with_fsd
     assert "ok: pp=2 x tp=2 1f1b matches single-process training" in result.stdout, result.stdout
     result = run_launch("check_pipeline_training.py", tmp_path / "fsdp", "fsdp", num_processes=4, timeout=400)
     assert "ok: pp=2 x dp_shard=2 1f1b matches single-process training" in result.stdout, result.stdout
+    result = run_launch("check_pipeline_training.py", tmp_path / "3d", "3d", num_processes=8, timeout=400)
+    assert "ok: pp=2 x dp_shard=2 x tp=2 1f1b matches single-process training" in result.stdout, result.stdout
     # each rank wrote its stages (DCP): the whole model loads on one process
     accelerator = Accelerator(cpu=True)
     model = accelerator.prepare(TinyGPT())

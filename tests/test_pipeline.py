@@ -202,3 +202,24 @@ def test_schedules_train_like_one_process_and_bad_inputs_raise_before_communicat
     assert out.count("ok: step takes the training shape again after eval_step") == 2
     assert "ok: broadcast_loss=False gives the loss on this rank" in out
     assert "ok: broadcast_loss=False gives None on this rank" in out
+
+
+def test_the_launchers_pipeline_size_reaches_the_parallelism_config(monkeypatch, tmp_path):
+    from launch_fixtures import plan_for
+
+    from hasten.parallel import resolve_parallelism_config
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    env = plan_for(["--parallelism_config_pp_size", "2", "--parallelism_config_dp_shard_size", "2", "-n", "4",
+                    str(script)]).env
+    assert env["HASTEN_PARALLELISM_CONFIG_PP_SIZE"] == "2" and env["HASTEN_USE_PARALLELISM_CONFIG"] == "true"
+    for key, value in env.items():
+        if key.startswith("HASTEN_"):
+            monkeypatch.setenv(key, value)
+    config = resolve_parallelism_config(None)
+    assert (config.pp_size, config.dp_shard_size) == (2, 2)
+    from hasten.commands.errors import CommandError
+
+    with pytest.raises(CommandError, match="pp_size=2"):
+        plan_for(["--parallelism_config_pp_size", "2", "-n", "3", str(script)])

@@ -269,7 +269,8 @@ def test_megatron_plugin_builds_the_reference_arguments(reference, clean_env, kw
 
     ours, theirs = hdc.MegatronLMPlugin(**kwargs), Reference(**kwargs)
     assert list(ours.megatron_lm_default_args.items()) == list(theirs.megatron_lm_default_args.items())
-    assert ours.__dict__ == theirs.__dict__
+    # hasten's plugin remembers which fields were given (the torch-native engine refuses those it cannot honour)
+    assert {k: v for k, v in ours.__dict__.items() if k != "_chosen_fields"} == theirs.__dict__
 
 
 def test_megatron_plugin_validates_and_parses_model_configs(clean_env):
@@ -545,17 +546,11 @@ def _planned_calls():
         "MegatronEngine": lambda: megatron_lm.MegatronEngine(None, model, None, None),
         "GPTTrainStep": lambda: megatron_lm.GPTTrainStep(None, None),
         "avg_losses_across_data_parallel_group": lambda: megatron_lm.avg_losses_across_data_parallel_group([]),
-        "load_and_quantize_model": lambda: bnb.load_and_quantize_model(
-            model, hdc.BnbQuantizationConfig(load_in_8bit=True)),
-        "replace_with_bnb_layers": lambda: bnb.replace_with_bnb_layers(model, None),
         "te convert_model": lambda: transformer_engine.convert_model(model),
         "apply_fp8_autowrap": lambda: transformer_engine.apply_fp8_autowrap(model, None),
         "contextual_fp8_autocast": lambda: transformer_engine.contextual_fp8_autocast(model.forward, None),
         "prepare_pippy": lambda: hasten.prepare_pippy(model),
         "build_pipeline": lambda: inference.build_pipeline(model, [], (), {}, 2),
-        "TensorBoardTracker": lambda: hasten.tracking.TensorBoardTracker("run", "logs"),
-        "MLflowTracker": lambda: hasten.tracking.MLflowTracker(),
-        "filter_trackers(wandb)": lambda: hasten.tracking.filter_trackers(["wandb"]),
     }
 
 
@@ -565,14 +560,6 @@ def test_using_a_planned_backend_raises_not_yet_supported(name):
         _planned_calls()[name]()
     assert isinstance(error.value, NotImplementedError)
     assert "Meanwhile" in str(error.value)
-
-
-@pytest.mark.parametrize("argument, make", [
-    ("megatron_lm_plugin", lambda: hdc.MegatronLMPlugin()),
-])
-def test_accelerator_refuses_the_planned_plugins(clean_env, argument, make):
-    with pytest.raises(NotImplementedError, match="not yet supported"):
-        hasten.Accelerator(cpu=True, **{argument: make()})
 
 
 # ----------------------------------------------------------------------------- tracking
@@ -599,7 +586,9 @@ def test_a_general_tracker_subclass_works_and_registers():
     tracker = MemoryTracker()
     tracker.log({"loss": 1.0}, step=3)
     assert tracker.tracker == [(3, {"loss": 1.0})]
-    assert filter_trackers([tracker, "all"]) == [tracker]
+    with pytest.warns(UserWarning, match="leaves out"):  # without a logging directory
+        chosen = filter_trackers([tracker, "all"])
+    assert chosen[0] is tracker and "jsonl" not in chosen and "wandb" in chosen
     try:
         register_tracker_class(MemoryTracker)
         assert filter_trackers(["memory", "memory"]) == ["memory"]
@@ -615,7 +604,7 @@ def test_a_general_tracker_subclass_works_and_registers():
         register_tracker_class(dict)
     with pytest.raises(ValueError, match="Unsupported logging capability"):
         filter_trackers("no_such_tracker")
-    assert filter_trackers(None) == [] and hasten.tracking.get_available_trackers() == []
+    assert filter_trackers(None) == [] and "jsonl" in hasten.tracking.get_available_trackers()
 
 
 def test_on_main_process_skips_other_processes_only_when_asked(monkeypatch):

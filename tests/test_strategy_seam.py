@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from hasten import Accelerator, ParallelismConfig
+from hasten import Accelerator, DistributedType, ParallelismConfig
 from hasten.checkpointing.checkpoint_io import FullStateCheckpointIO
 from hasten.checkpointing.targets import CheckpointTargets
 from hasten.precision import get_mixed_precision_context_manager
@@ -197,13 +197,13 @@ def test_the_transaction_wraps_a_strategys_own_files(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ backend selection
-@pytest.mark.parametrize("variable, label", [
-    ("HASTEN_USE_MEGATRON_LM", "Megatron-LM"), ("ACCELERATE_USE_MEGATRON_LM", "Megatron-LM"),
-])
-def test_the_launchers_backend_switch_is_refused_until_the_backend_exists(monkeypatch, variable, label):
+@pytest.mark.parametrize("variable", ["HASTEN_USE_MEGATRON_LM", "ACCELERATE_USE_MEGATRON_LM"])
+def test_the_launchers_megatron_switch_selects_the_megatron_engine(monkeypatch, variable):
     monkeypatch.setenv(variable, "true")
-    with pytest.raises(NotYetSupportedError, match=label):
-        Accelerator(cpu=True)
+    monkeypatch.setenv("HASTEN_MEGATRON_LM_GRADIENT_CLIPPING", "0.5")
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.distributed_type == DistributedType.MEGATRON_LM
+    assert accelerator.state.megatron_lm_plugin.gradient_clipping == 0.5
 
 
 @pytest.mark.parametrize("variable", ["HASTEN_USE_FSDP", "ACCELERATE_USE_FSDP"])
@@ -232,15 +232,17 @@ def test_a_parallelism_config_that_does_not_fit_the_processes_names_both():
     assert "1" in str(caught.value)
 
 
-def test_a_config_file_selecting_an_unbuilt_backend_fails_the_launched_script(tmp_path):
+def test_a_config_file_selecting_megatron_lm_reaches_the_plugin_of_the_launched_script(tmp_path):
     config = tmp_path / "megatron.yaml"
     config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MEGATRON_LM\nnum_processes: 1\n"
-                      "use_cpu: true\n")
+                      "use_cpu: true\nmegatron_lm_config:\n  megatron_lm_gradient_clipping: 0.25\n"
+                      "  megatron_lm_recompute_activations: true\n")
     script = tmp_path / "train.py"
-    script.write_text("from hasten import Accelerator\nAccelerator()\nprint('TRAINED WITH DDP')\n")
-    result = run_launch(script, num_processes=None, launch_args=["--config_file", str(config)], check=False)
-    assert result.returncode != 0 and "TRAINED WITH DDP" not in result.stdout
-    assert "NotYetSupportedError" in result.stderr and "Megatron" in result.stderr
+    script.write_text("from hasten import Accelerator\naccelerator = Accelerator()\n"
+                      "plugin = accelerator.state.megatron_lm_plugin\n"
+                      "print('TYPE', accelerator.distributed_type, plugin.gradient_clipping, plugin.recompute_activations)\n")
+    result = run_launch(script, num_processes=None, launch_args=["--config_file", str(config)])
+    assert "TYPE MEGATRON_LM 0.25 True" in result.stdout, result.stdout + result.stderr
 
 
 def test_the_data_parallel_layout_and_per_rank_checkpoint_files_on_two_processes(tmp_path):

@@ -78,22 +78,12 @@ def _expected_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def _main_process_only(method):
-    """Run an Accelerator method on the main process only; the others get None (the reference's tracker methods)."""
-
-    def run(self, *args, **kwargs):
-        return method(self, *args, **kwargs) if self.is_main_process else None
-
-    run.__name__, run.__qualname__, run.__doc__ = method.__name__, method.__qualname__, method.__doc__
-    return run
-
-
 class Accelerator:
     """Run one training script on one device or many processes; the arguments mirror Accelerate's.
 
     Settings given here win over the launcher's environment and config file; a contradiction between them is
-    an error that names both (see docs/configuration.md). Backends that are not supported yet (DeepSpeed, FSDP,
-    Megatron-LM, tensor parallelism, trackers) raise a clear error instead of being ignored.
+    an error that names both (see docs/configuration.md). What is not supported yet (TPUs, DeepSpeed sequence
+    parallelism, fp8 recipes) raises a clear error instead of being ignored.
     """
 
     def __init__(self, device_placement: bool = True, split_batches: bool = SPLIT_BATCHES_UNSET,
@@ -107,11 +97,12 @@ class Accelerator:
         step_scheduler_with_optimizer = parse_bool(step_scheduler_with_optimizer,
                                                    "Accelerator(step_scheduler_with_optimizer=...)")
         if log_with is not None:
-            check_log_with_names(log_with)  # an unknown name lists the known ones
-            raise NotImplementedError(
-                f"Experiment tracking (log_with={log_with!r}) is not yet supported by hasten; it is planned. Remove "
-                "log_with, or log with your tracker's own API meanwhile."
-            )
+            check_log_with_names(log_with)  # an unknown name lists the known and the installed ones
+        from .tracking.session import TrackerSession, logging_dir_of
+
+        # trackers: installed, and a logging directory where one is needed, checked before any state exists
+        self._tracking = TrackerSession(log_with, logging_dir_of(project_dir, project_config))
+        self.log_with = self._tracking.log_with
         settings = resolve_accelerator_settings(
             mixed_precision=mixed_precision, cpu=cpu, gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin, dynamo_backend=dynamo_backend,
@@ -396,7 +387,7 @@ class Accelerator:
         if model_ids or optimizer_ids:
             models, optimizers = self._prepare_training(
                 [args[i] for i in model_ids], [args[i] for i in optimizer_ids],
-                [self._placement(device_placement[i]) for i in model_ids],
+                [self._placement(device_placement[i]) and not self.verify_device_map(args[i]) for i in model_ids],
                 [self._placement(device_placement[i]) for i in optimizer_ids],
                 schedulers=[args[i] for i in fresh if kinds[i] == "scheduler"],
             )
@@ -482,7 +473,8 @@ class Accelerator:
         """
         if self._is_prepared(model):
             return model
-        models, _ = self._prepare_training([model], [], [self._placement(device_placement)], [],
+        place = self._placement(device_placement) and not self.verify_device_map(model)  # dispatched: stays put
+        models, _ = self._prepare_training([model], [], [place], [],
                                            evaluation_mode=evaluation_mode)
         return models[0]
 
@@ -600,16 +592,36 @@ class Accelerator:
     @contextlib.contextmanager
     def maybe_context_parallel(self, buffers: Optional[list] = None, buffer_seq_dims: Optional[list] = None,
                                no_restore_buffers: Optional[set] = None):
-        """Shard ``buffers`` along their sequence dimension for context parallelism in the block.
+        """Shard ``buffers`` along their sequence dimension for context parallelism in the block (one training
+        step): each rank of a ``cp`` group computes on its slice, attention over the whole sequence (see
+        docs/context-parallelism.md). Arguments: ``buffers`` (inputs, labels, position ids ...), their
+        ``buffer_seq_dims``, ``no_restore_buffers`` (left sharded after the block).
 
         Context parallelism needs ``parallelism_config`` with ``cp_size > 1``; without it the block runs
         unchanged (with a one-time warning), so a loop written for it runs everywhere.
         """
-        get_logger(__name__).warning_once(
-            "Context parallelism is not enabled (it needs parallelism_config with cp_size > 1): "
-            "maybe_context_parallel has no effect."
-        )
-        yield
+        block = self.strategy.context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
+        if block is None:
+            get_logger(__name__).warning_once(
+                "Context parallelism is not enabled (it needs parallelism_config with cp_size > 1): "
+                "maybe_context_parallel has no effect."
+            )
+            yield
+            return
+        with block:
+            yield
+
+    @contextlib.contextmanager
+    def loss_parallel(self):
+        """The block computing the loss from logits split over the classes (hasten's; a tensor-parallel plan whose
+        head is ``"loss_parallel"``): ``F.cross_entropy`` works on each rank's share of the classes, never
+        gathering the logits. ``accelerator.backward`` enters it by itself. Without such a head: no effect."""
+        block = self.strategy.loss_parallel()
+        if block is None:
+            yield
+            return
+        with block:
+            yield
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Backward and update in one pass with the prepared LOMO / AdaLomo optimizers (``lomo-optim``)."""
@@ -678,9 +690,9 @@ class Accelerator:
                                    processes=self.strategy.data_processes())
 
     def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
-        """Reduce (nested) tensors across the data-parallel processes: "sum" (default here), "mean", "max",
-        "min" or "none"."""
-        return operations._reduce(tensor, reduction, scale, self.strategy.data_processes())
+        """Reduce (nested) tensors across the data-parallel processes (and the context-parallel ones, which hold
+        one slice of the sequences each): "sum" (default here), "mean", "max", "min" or "none"."""
+        return operations._reduce(tensor, reduction, scale, self.strategy.reduction_processes())
 
     def pad_across_processes(self, tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
         """Pad (nested) tensors on ``dim`` to the largest size across processes, so they can be gathered."""
@@ -950,41 +962,29 @@ class Accelerator:
                                                   f"trace_rank{self.process_index}.json"))
         self.wait_for_everyone()
 
-    # ------------------------------------------------------------------ trackers (log_with is not supported yet)
-    @_main_process_only
+    # ------------------------------------------------------------------ trackers (the logic: hasten/tracking/session.py)
     def init_trackers(self, project_name: str, config: Optional[dict] = None, init_kwargs: Optional[dict] = None):
-        """Start the experiment trackers given by ``log_with`` with ``config`` as the run's hyperparameters, on
-        the main process (others return None). Arguments: ``project_name``, ``config=None``, ``init_kwargs=None``
-        (``{tracker name: {keyword: value}}``). Without trackers it only records the project and config."""
+        """Start the trackers given by ``log_with`` with ``config`` as the run's hyperparameters. Arguments:
+        ``project_name``, ``config=None``, ``init_kwargs=None`` (``{tracker name: {keyword: value}}`` for the
+        trackers' constructors). Call it on every process: trackers run on the main process only unless their
+        ``main_process_only`` is False. Files go under ``project_configuration.logging_dir``."""
+        self.trackers = self._tracking.start(project_name, config, init_kwargs, self.logging_dir,
+                                             self.is_main_process)
         self.tracker_project_name = project_name
         self.tracker_config = dict(config or {})
-        for tracker in self.trackers:
-            tracker.start()
-            if config is not None:
-                tracker.store_init_configuration(config)
 
-    @_main_process_only
     def log(self, values: dict, step: Optional[int] = None, log_kwargs: Optional[dict] = None) -> None:
-        """Log ``values`` to every tracker, on the main process (others return None). Arguments: ``values``,
-        ``step=None``, ``log_kwargs=None`` (``{tracker name: {keyword: value}}``). Without trackers: nothing."""
-        for tracker in self.trackers:
-            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+        """Log ``values`` (numbers, strings, tensors of one element) at ``step`` to every tracker of this process.
+        ``log_kwargs``: ``{tracker name: {keyword: value}}``. An error before ``init_trackers`` or for a value that
+        is not loggable (its key named)."""
+        self._tracking.log(self.trackers, values, step, log_kwargs)
 
     def end_training(self) -> None:
         """Finish the trackers and wait for every process."""
-        for tracker in self.trackers:
-            tracker.finish()
+        self._tracking.finish(self.trackers)
         self.wait_for_everyone()
 
     def get_tracker(self, name: str, unwrap: bool = False):
-        """The tracker called ``name`` (its underlying run object with ``unwrap``); without trackers, a blank
-        tracker whose methods do nothing (as on the processes where trackers do not run)."""
-        for tracker in self.trackers:
-            if tracker.name == name:
-                return tracker.tracker if unwrap else tracker
-        if self.trackers:
-            raise ValueError(f"{name} is not an available tracker stored inside the `Accelerator`: the trackers are "
-                             f"{', '.join(tracker.name for tracker in self.trackers)}.")
-        from .tracking import GeneralTracker
-
-        return GeneralTracker(_blank=True)
+        """The tracker called ``name`` (its underlying run object with ``unwrap``); on a process where it does not
+        run, a blank tracker whose methods do nothing."""
+        return self._tracking.get(self.trackers, name, unwrap)

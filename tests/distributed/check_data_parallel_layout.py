@@ -54,12 +54,12 @@ def replicated_config() -> None:
 
 def unbuilt_backend_refused() -> None:
     try:
-        Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2))
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(sp_size=2))
     except NotYetSupportedError as error:
-        check("cp_size=2" in str(error), str(error))
+        check("sp_size=2" in str(error), str(error))
     else:
-        check(False, "cp_size=2 without a context-parallel backend was accepted")
-    print("ok: cp_size=2 refused until its backend exists", flush=True)
+        check(False, "sp_size=2 without a sequence-parallel backend was accepted")
+    print("ok: sp_size=2 refused until its backend exists", flush=True)
 
 
 class ReplicaPerTensorRank(DDPStrategy):

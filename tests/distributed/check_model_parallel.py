@@ -5,10 +5,11 @@
    the sequence), from a plan given in the ParallelismConfig: every loss and the final weights match the same
    training on one process;
 2. the same model with its own ``_tp_plan`` (no plan given), TP=2;
-3. a transformers Llama built from a tiny config (no download), split with its own ``base_model_tp_plan``, TP=2,
+3. a "loss_parallel" head: the logits stay split over the vocabulary and the loss runs on the shares, matching;
+4. a transformers Llama built from a tiny config (no download), split with its own ``base_model_tp_plan``, TP=2,
    matching single-process training;
-4. a checkpoint saved with TP=2 loads on one process (the test reads it with TP=1 afterwards);
-5. invalid plans and layouts refused with the reason, before any work.
+5. a checkpoint saved with TP=2 loads on one process (the test reads it with TP=1 afterwards);
+6. invalid plans and layouts refused with the reason, before any work.
 
 Prints ``MODEL PARALLEL CHECKS PASSED``.
 """
@@ -161,6 +162,34 @@ def check_tiny_gpt(work: Path) -> None:
     compare(accelerator, "TP=2 from the model's _tp_plan", (losses, weights), reference)
 
 
+def check_loss_parallel() -> None:
+    """A "loss_parallel" head: the logits stay split over the vocabulary, the loss runs on the shares."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    set_seed(5)
+    model = TinyGPT()
+    reference = single_process(model)
+    AcceleratorState._reset_state()
+    plan = {"layers.*.fc1": "colwise", "layers.*.fc2": "rowwise", "head": "loss_parallel"}
+    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(
+        tp_size=2, tp_handler=TorchTensorParallelConfig(tp_plan=plan)))
+    prepared = copy.deepcopy(model)
+    prepared, optimizer = accelerator.prepare(prepared, torch.optim.AdamW(prepared.parameters(), lr=1e-2))
+    losses = []
+    for tokens in batches():
+        logits = prepared(tokens[:, :-1])
+        check(isinstance(logits, DTensor) and logits.placements[0] == Shard(2) and
+              logits.to_local().shape[-1] == VOCAB // 2, f"the logits stay split: {type(logits).__name__}")
+        with accelerator.loss_parallel():
+            loss = lm_loss(logits, tokens)
+        accelerator.backward(loss)  # in loss_parallel by itself
+        accelerator.clip_grad_norm_(prepared.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.full_tensor().item() if isinstance(loss, DTensor) else loss.item())
+    compare(accelerator, "TP=2 with a loss-parallel head", (losses, accelerator.get_state_dict(prepared)), reference)
+
+
 def check_llama() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -209,6 +238,7 @@ def check_bad_plans() -> None:
 
 def main(work: Path) -> None:
     check_tiny_gpt(work)
+    check_loss_parallel()
     check_llama()
     check_bad_plans()
     say(Accelerator(cpu=True), "MODEL PARALLEL CHECKS PASSED")

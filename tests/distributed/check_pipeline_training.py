@@ -1,6 +1,7 @@
 """Pipeline parallelism through the Accelerator, run by tests/test_model_parallel.py as
 ``hasten launch -n 2 check_pipeline_training.py <work>`` (pp=2), ``-n 4 ... <work> tp`` (pp=2 x tp=2) and
-``-n 4 ... <work> fsdp`` (pp=2 x FSDP2 over dp_shard=2: each data-parallel rank trains on half of every batch).
+``-n 4 ... <work> fsdp`` (pp=2 x FSDP2 over dp_shard=2: each data-parallel rank trains on half of every batch) and
+``-n 8 ... <work> 3d`` (pp=2 x dp_shard=2 x tp=2).
 
 With 2 processes: the tiny GPT of check_model_parallel.py trained 12 steps with GPipe, 1F1B and interleaved 1F1B
 (4 micro-batches) matches the same training on one process (losses and final weights); evaluation through the
@@ -56,9 +57,9 @@ def reference(model):
 
 def train(model, schedule: str, mode, **options):
     AcceleratorState._reset_state()
-    sizes = {"tp": {"tp_size": 2}, "fsdp": {"dp_shard_size": 2}}.get(mode, {})
+    sizes = {"tp": {"tp_size": 2}, "fsdp": {"dp_shard_size": 2}, "3d": {"dp_shard_size": 2, "tp_size": 2}}.get(mode, {})
     config = ParallelismConfig(pp_size=2, **sizes, pp_handler=TorchPipelineParallelConfig(
-        schedule=schedule, num_micro_batches=4 if mode != "fsdp" else 2, loss_fn=token_loss, **options))
+        schedule=schedule, num_micro_batches=2 if "dp_shard_size" in sizes else 4, loss_fn=token_loss, **options))
     accelerator = Accelerator(cpu=True, parallelism_config=config)
     model = copy.deepcopy(model)
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
@@ -77,7 +78,7 @@ def train(model, schedule: str, mode, **options):
 
 def check_schedule(work: Path, model, expected_model, expected_losses, schedule: str, mode, **options) -> None:
     accelerator, prepared, losses = train(model, schedule, mode, **options)
-    name = f"pp=2{' x tp=2' if mode == 'tp' else ' x dp_shard=2' if mode == 'fsdp' else ''} {schedule}"
+    name = f"pp=2{ {'tp': ' x tp=2', 'fsdp': ' x dp_shard=2', '3d': ' x dp_shard=2 x tp=2'}.get(mode, '')} {schedule}"
     check(all(abs(a - b) <= TOLERANCE["atol"] + TOLERANCE["rtol"] * abs(b) for a, b in zip(losses, expected_losses)),
           f"{name}: losses {losses} vs single-process {expected_losses}")
     weights = accelerator.get_state_dict(prepared)  # every stage's, gathered

@@ -114,7 +114,7 @@ BACKEND_GROUPS = (
         _bool("fsdp_activation_checkpointing", "recompute activations in backward"),
         _bool("fsdp_activation_checkpointing_offload", "offload checkpointed activations to pinned CPU memory"),
     )),
-    BackendGroup("Megatron-LM", "Megatron-LM", _USE_DDP, env_prefix="megatron_lm_", options=(
+    BackendGroup("Megatron-LM", "Megatron-LM", _USE_DDP, env_prefix="megatron_lm_", ready=True, options=(
         _switch("use_megatron_lm", "train with Megatron-LM"),
         _int("megatron_lm_tp_degree", f"{_MEGATRON} tensor-parallel degree"),
         _bool("megatron_lm_use_custom_fsdp", f"{_MEGATRON} custom FSDP"),
@@ -128,7 +128,7 @@ BACKEND_GROUPS = (
         _int("megatron_lm_pp_degree", f"{_MEGATRON} pipeline-parallel degree"),
         _int("megatron_lm_num_micro_batches", "micro-batches per pipeline step"),
         _bool("megatron_lm_sequence_parallelism", "sequence parallelism"),
-        _bool("megatron_lm_recompute_activations", "selective activation recomputation"),
+        _bool("megatron_lm_recompute_activations", "recompute the transformer blocks' activations in backward"),
         _bool("megatron_lm_use_distributed_optimizer", "the distributed optimizer"),
         _float("megatron_lm_gradient_clipping", "global gradient-norm clipping"),
         Option("megatron_lm_recompute_granularity", "recomputation granularity: full or selective"),

@@ -31,8 +31,10 @@ OPTIONS = (
     Option("parallelism_config_sp_seq_length", "sequence length when every batch has the same one"),
     Option("parallelism_config_sp_seq_length_is_variable", "sequences of variable length (true|false)"),
     Option("parallelism_config_sp_attn_implementation", "attention implementation for sequence parallelism"),
+    Option("parallelism_config_pp_size", "pipeline-parallel degree (hasten's; training needs the loss function "
+           "from code, TorchPipelineParallelConfig(loss_fn=...), or MegatronLMPlugin's custom_loss_function)", int),
 )
-SIZES = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+SIZES = ("dp_replicate", "dp_shard", "cp", "sp", "tp", "pp")
 
 
 def add_parallelism_options(parser, add_flag) -> None:
@@ -63,7 +65,7 @@ def _check_layout(values: dict, num_processes: int, sources: dict) -> None:
 
     sizes = {name: values.get(f"parallelism_config_{name}_size", 1) for name in SIZES}
     try:
-        check_size_combination(**{f"{name}_size": size for name, size in sizes.items()})
+        check_size_combination(**{f"{name}_size": size for name, size in sizes.items() if name != "pp"})
         ParallelDims(**sizes, world_size=num_processes)
     except ValueError as error:
         given = ", ".join(f"{name}_size={size} ({sources[f'parallelism_config_{name}_size']})"

@@ -470,6 +470,8 @@ def worker_env(values: dict, sources: dict, config: Optional[Mapping], config_pa
             env[env_name(STRATEGY_ENV[kind])] = "true"
         if kind == DistributedType.FSDP.value:  # the fsdp_config section reaches the plugin (flags win later)
             env.update(section_env("FSDP", config.get("fsdp_config")))
+        if kind == DistributedType.MEGATRON_LM.value:  # megatron_lm_config's keys are the launch flags' names
+            env.update(section_env("Megatron-LM", config.get("megatron_lm_config")))
     gpu_ids = values.get("gpu_ids")
     if gpu_ids and gpu_ids.strip().lower() != "all":
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids.strip()

@@ -238,7 +238,7 @@ PARALLELISM_KEYS: dict = {PARALLELISM_PREFIX + key: check for key, check in (
     ("dp_replicate_size", _integer(1)), ("dp_shard_size", _integer(1)), ("tp_size", _integer(1)),
     ("cp_size", _integer(1)), ("cp_backend", _one_of("torch")), ("cp_comm_strategy", _one_of("allgather", "alltoall")),
     ("sp_size", _integer(1)), ("sp_backend", _one_of("deepspeed")), ("sp_seq_length", _integer(1)),
-    ("sp_seq_length_is_variable", _boolean), ("sp_attn_implementation", _text))}
+    ("sp_seq_length_is_variable", _boolean), ("sp_attn_implementation", _text), ("pp_size", _integer(1)))}
 
 
 def _parallelism_config(value):

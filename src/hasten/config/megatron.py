@@ -1,10 +1,11 @@
-"""``MegatronLMPlugin``: the options of Megatron-LM tensor / pipeline / sequence parallelism (planned).
+"""``MegatronLMPlugin``: the options of Megatron-LM tensor / pipeline / sequence parallelism.
 
 The plugin is a real configuration object: unset fields come from the launcher's environment
 (``HASTEN_MEGATRON_LM_<OPTION>``, or ``ACCELERATE_MEGATRON_LM_<OPTION>``), choices are validated and
 ``megatron_lm_default_args`` holds the Megatron arguments they map to, as in Accelerate. The model-config parsers
-(``parse_gpt2_config`` ...) fill in the network sizes from a Transformers model's config. Giving the plugin to
-``Accelerator(megatron_lm_plugin=...)`` raises ``NotYetSupportedError``; megatron is never imported here.
+(``parse_gpt2_config`` ...) fill in the network sizes from a Transformers model's config. Given to
+``Accelerator(megatron_lm_plugin=...)``, the plugin trains on hasten's torch-native engine
+(``strategies/megatron.py``); megatron is never imported here.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..utils.planned import not_yet_supported
-from .env_fields import as_bool, as_choice, as_float, as_int, from_env
+from .env_fields import as_bool, as_choice, as_float, as_int
+from .resolution import resolve
 
 __all__ = [
     "MegatronLMPlugin", "MODEL_CONFIGS_TO_MEGATRON_PARSERS", "add_model_config_to_megatron_parser",
@@ -173,10 +175,14 @@ class MegatronLMPlugin:
     other_megatron_args: Optional[dict[str, Any]] = None
 
     def __post_init__(self):
+        chosen = set()  # fields given as arguments or by the launcher's environment, not defaulted
         for field, (default, parse) in _FROM_ENV.items():
-            value = from_env("MegatronLMPlugin", field, getattr(self, field), default, parse,
-                             setting=f"megatron_lm_{field}")
+            value, source = resolve(f"megatron_lm_{field}", getattr(self, field),
+                                    argument_name=f"MegatronLMPlugin({field}=...)", default=default, parse=parse)
             setattr(self, field, value)
+            if source.kind != "default":
+                chosen.add(field)
+        self._chosen_fields = frozenset(chosen)
         self.lr_decay_style = as_choice("MegatronLMPlugin.lr_decay_style", _LR_DECAY_STYLES, _same)(
             self.lr_decay_style)
         self.weight_decay_incr_style = as_choice("MegatronLMPlugin.weight_decay_incr_style", _WEIGHT_DECAY_STYLES)(

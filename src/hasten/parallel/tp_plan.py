@@ -10,6 +10,9 @@ style is a torch ``ParallelStyle`` or one of these names:
 ``"colwise_rep"``      ``ColwiseParallel(output_layouts=Replicate())``: split, the output gathered whole
 ``"rowwise_rep"``      ``RowwiseParallel(input_layouts=Replicate())``: a whole input split here
 ``"sequence_parallel"``  ``SequenceParallel()``: norms / dropout computed on a slice of the sequence
+``"loss_parallel"``    ``ColwiseParallel(use_local_output=False)`` for the output head: the logits stay a DTensor
+                       split over the classes, and the cross-entropy is computed on the split logits inside
+                       ``accelerator.loss_parallel()`` (torch's ``loss_parallel``), never gathering them whole
 =====================  ====================================================================================
 
 transformers' other names for the same styles are accepted too: ``"colwise_gather_output"`` (``"colwise_rep"``)
@@ -27,10 +30,10 @@ from typing import Optional
 
 from torch import nn
 
-__all__ = ["STYLE_NAMES", "resolve_plan", "plan_of", "is_tensor_parallel", "apply_plan"]
+__all__ = ["STYLE_NAMES", "resolve_plan", "plan_of", "is_tensor_parallel", "apply_plan", "splits_the_logits"]
 
-STYLE_NAMES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence_parallel", "colwise_gather_output",
-               "embedding_rowwise", "replicate", "replicated_with_grad_allreduce")
+STYLE_NAMES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence_parallel", "loss_parallel",
+               "colwise_gather_output", "embedding_rowwise", "replicate", "replicated_with_grad_allreduce")
 _WHOLE = ("replicate", "replicated_with_grad_allreduce")  # styles that leave the module as it is
 
 
@@ -44,6 +47,7 @@ def _style(name_or_style, where: str):
               "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
               "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
               "sequence_parallel": SequenceParallel,
+              "loss_parallel": lambda: ColwiseParallel(use_local_output=False),
               "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
               "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate())}
     if name_or_style not in styles:
@@ -120,3 +124,17 @@ def apply_plan(model: nn.Module, plan: dict, tp_mesh) -> nn.Module:
     from torch.distributed.tensor.parallel import parallelize_module
 
     return parallelize_module(model, tp_mesh, plan)
+
+
+def splits_the_logits(plan: dict) -> bool:
+    """Whether a resolved plan leaves some module's output a DTensor split over its last dimension (a
+    ``"loss_parallel"`` head): the loss is then computed with torch's ``loss_parallel``."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    for style in plan.values():
+        if isinstance(style, ColwiseParallel) and not style.use_local_output:
+            layouts = style.output_layouts if isinstance(style.output_layouts, tuple) else (style.output_layouts,)
+            if any(isinstance(layout, Shard) for layout in layouts):
+                return True
+    return False

@@ -27,8 +27,13 @@ def _fsdp(state, kwargs_handlers, dims, plugin=None) -> Strategy:
     from .fsdp1 import FSDP1Strategy
 
     if plugin is None:
-        plugin = (FullyShardedDataParallelPlugin(fsdp_version=2) if dims is not None and dims.dp_shard > 1
-                  and not _env_selects("use_fsdp") else FullyShardedDataParallelPlugin())
+        plugin = (FullyShardedDataParallelPlugin(fsdp_version=2) if dims is not None and
+                  (dims.dp_shard > 1 or dims.cp > 1) and not _env_selects("use_fsdp")
+                  else FullyShardedDataParallelPlugin())
+    if dims is not None and dims.cp > 1 and isinstance(plugin, FullyShardedDataParallelPlugin) and \
+            plugin.fsdp_version == 1:
+        raise ValueError("Context parallelism shards parameters over dp_shard x cp with FSDP2: use "
+                         "FullyShardedDataParallelPlugin(fsdp_version=2) with ParallelismConfig(cp_size=...).")
     if dims is not None and (dims.tp > 1 or dims.pp > 1):  # FSDP x TP: the model-parallel engine shards with it
         if isinstance(plugin, FullyShardedDataParallelPlugin) and plugin.fsdp_version == 1:
             raise ValueError("Tensor parallelism composes with FSDP2 only: use FullyShardedDataParallelPlugin("
@@ -75,6 +80,14 @@ def _deepspeed(state, kwargs_handlers, dims, plugin=None) -> Strategy:
     return DeepSpeedStrategy(state, kwargs_handlers, dims, plugin)
 
 
+def _megatron(state, kwargs_handlers, dims, plugin=None) -> Strategy:
+    """A ``MegatronLMPlugin`` on the torch-native model-parallel engine (``strategies/megatron.py``); without a
+    plugin, one read from the launcher's ``HASTEN_MEGATRON_LM_*`` environment."""
+    from .megatron import megatron_strategy
+
+    return megatron_strategy(state, kwargs_handlers, dims, plugin)
+
+
 def _env_selects(switch: str) -> bool:
     from ..config.env_aliases import get_flag_setting
 
@@ -92,7 +105,7 @@ class _Backend:
 _BACKENDS = (
     _Backend("FSDP", "fsdp_plugin", "use_fsdp", _fsdp),
     _Backend("DeepSpeed", "deepspeed_plugin", "use_deepspeed", _deepspeed),
-    _Backend("Megatron-LM", "megatron_lm_plugin", "use_megatron_lm"),
+    _Backend("Megatron-LM", "megatron_lm_plugin", "use_megatron_lm", _megatron),
     _Backend("tensor parallelism", "torch_tp_plugin", None, _tensor_parallel),
 )
 
@@ -124,8 +137,8 @@ def _needed_by_layout(dims) -> Optional[tuple]:
         wants.append(("tensor parallelism", f"pp_size={dims.pp}"))  # the same torch-native engine
     if dims.tp > 1:
         wants.append(("tensor parallelism", f"tp_size={dims.tp}"))
-    if dims.cp > 1:
-        wants.append(("context parallelism", f"cp_size={dims.cp}"))
+    if dims.cp > 1:  # FSDP2 over dp_shard x cp (strategies/fsdp.py), the sequence split in maybe_context_parallel
+        wants.append(("FSDP (sharded data parallelism)", f"cp_size={dims.cp}"))
     if getattr(dims, "sp", 1) > 1:
         wants.append(("DeepSpeed sequence parallelism", f"sp_size={dims.sp}"))
     if dims.dp_shard > 1:  # last: sharding alone is FSDP, which exists

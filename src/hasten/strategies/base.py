@@ -85,6 +85,20 @@ class Strategy:
             self._data_view = ProcessView.of_group(layout.dp_group, self.state)
         return self._data_view
 
+    def reduction_processes(self):
+        """The processes ``Accelerator.reduce`` combines: the data-parallel ones, and under context parallelism
+        the ranks of each cp group too (each holds the result of one slice of the sequences)."""
+        layout = self.layout
+        if layout.cp == 1:
+            return self.data_processes()
+        if layout.dp_size * layout.cp == self.state.num_processes:
+            return None
+        if getattr(self, "_reduction_view", None) is None:
+            from ..utils.process_view import ProcessView
+
+            self._reduction_view = ProcessView.of_group(layout.submesh("dp_cp").get_group(), self.state)
+        return self._reduction_view
+
     @property
     def data_parallel_size(self) -> int:
         return self.layout.dp_size
@@ -137,6 +151,23 @@ class Strategy:
 
     def forget(self) -> None:
         """Drop what the strategy holds about prepared objects (``Accelerator.free_memory``)."""
+
+    def loss_parallel(self):
+        """The context in which a loss runs on logits split over the classes (tensor parallelism with a
+        ``"loss_parallel"`` head), or None."""
+        return None
+
+    def context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+        """The block of one context-parallel step (``parallel/context_parallel.py``), or None when this run splits
+        no sequence (``cp_size`` 1)."""
+        layout = self.layout
+        if layout is None or layout.cp == 1:
+            return None
+        from ..parallel.context_parallel import context_parallel_block
+
+        handler = getattr(getattr(layout, "_config", None), "cp_handler", None)
+        return context_parallel_block(layout.submesh("cp"), buffers, buffer_seq_dims, no_restore_buffers,
+                                      comm_strategy=getattr(handler, "cp_comm_strategy", None) or "allgather")
 
     # ------------------------------------------------------------ the training step
     def normalize_loss(self, loss: torch.Tensor, accumulation_steps: int = 1, num_items_in_batch=None):

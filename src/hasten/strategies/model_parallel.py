@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..config.enums import DistributedType
-from ..parallel.tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan
+from ..parallel.tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan, splits_the_logits
 from .fsdp import FSDPStrategy, _repoint
 
 __all__ = ["ModelParallelStrategy"]
@@ -37,19 +37,22 @@ __all__ = ["ModelParallelStrategy"]
 class ModelParallelStrategy(FSDPStrategy):
     """Splits each model over the ``tp`` dimension, then shards or replicates it over the data-parallel ones."""
 
+    needs_model_parallel_layout = True  # a layout with tp or pp > 1 (a subclass may run data parallelism alone)
+
     def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None, tp_plan=None, pp_config=None):
         from ..utils.planned import not_yet_supported
 
-        if dims is None or (dims.tp == 1 and dims.pp == 1):
+        if self.needs_model_parallel_layout and (dims is None or (dims.tp == 1 and dims.pp == 1)):
             raise ValueError("ModelParallelStrategy needs a layout with tp_size or pp_size > 1: "
                              "ParallelismConfig(tp_size=N) or ParallelismConfig(pp_size=N).")
-        if dims.cp > 1:
-            raise not_yet_supported(f"context parallelism (ParallelismConfig cp_size={dims.cp})",
-                                    "use tensor parallelism (tp_size) and data parallelism meanwhile")
+        if dims.cp > 1 and dims.pp > 1:
+            raise not_yet_supported(f"context parallelism with pipeline parallelism (cp_size={dims.cp}, pp_size="
+                                    f"{dims.pp})", "use context parallelism with tensor and data parallelism")
         if dims.dp_replicate > 1 and dims.dp_shard == 1:
             dims.unit_dims = ("dp_shard",)  # DDP x TP: FSDP2 over (dp_replicate, a one-rank dp_shard)
         super().__init__(state, kwargs_handlers, dims, plugin)
         self.tp_plan = tp_plan
+        self.splits_logits = False  # a "loss_parallel" head: the loss runs on logits split over the classes
         if dims.pp > 1:
             from ..config.parallelism import TorchPipelineParallelConfig
 
@@ -63,10 +66,16 @@ class ModelParallelStrategy(FSDPStrategy):
     @property
     def distributed_type(self):
         """FSDP when the data-parallel dimensions shard or replicate through FSDP2, else the process state's."""
-        return DistributedType.FSDP if self.layout.dp_size > 1 else self.state.distributed_type
+        return DistributedType.FSDP if self._sharded_over_data else self.state.distributed_type
+
+    @property
+    def _sharded_over_data(self) -> bool:
+        """Whether FSDP2 runs over ``dp_shard x cp`` (and ``dp_replicate``): several data-parallel or context-parallel
+        ranks, whose gradients it averages."""
+        return self.layout.dp_size * self.layout.cp > 1
 
     def setup(self) -> None:
-        if self.layout.dp_size > 1:
+        if self._sharded_over_data:
             super().setup()
 
     # ------------------------------------------------------------ pipeline parallelism
@@ -110,14 +119,16 @@ class ModelParallelStrategy(FSDPStrategy):
         mine = [index for index in range(layout.pp_rank, len(stages), layout.pp)]
         part = PipelineStageModule(model, [name for index in mine for name in stages[index].unit_names], -1)
         if layout.tp > 1:
-            plan = plan_of(model, self.tp_plan)
+            plan = self._plan_for(model)
             if plan is None:
                 raise ValueError(f"The {type(model).__name__} has no tensor-parallel plan: give one, "
                                  "TorchTensorParallelConfig(tp_plan={...}).")
             names = set(dict(part.named_modules()))
             here = {name: style for name, style in resolve_plan(model, plan, layout.tp).items() if name in names}
+            self.splits_logits = self.splits_logits or splits_the_logits(here)
             if here:
                 apply_plan(part, here, layout.submesh("tp"))
+        self._after_tensor_parallel(part)
         if layout.dp_size > 1:  # PP x FSDP (x TP): each of this rank's stages sharded over the data-parallel dims
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -131,8 +142,21 @@ class ModelParallelStrategy(FSDPStrategy):
                                   loss_fn=config.loss_fn, virtual_stages=config.virtual_stages)
         return PipelineModel(part, pipeline, layout.submesh("pp").get_group())
 
+    def loss_parallel(self):
+        """torch's ``loss_parallel`` context when a prepared model's head splits the logits over the classes."""
+        if not self.splits_logits:
+            return None
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
     def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, **kwargs) -> None:
-        """Under pipeline parallelism the schedule ran the backward when the model was called: nothing to do."""
+        """Under pipeline parallelism the schedule ran the backward when the model was called: nothing to do.
+        With a loss-parallel head, the backward runs in torch's ``loss_parallel`` context, as it must."""
+        if self.splits_logits and self.layout.pp == 1:
+            with self.loss_parallel():
+                return super().backward(loss, model, accumulation_steps=accumulation_steps,
+                                        num_items_in_batch=num_items_in_batch, **kwargs)
         if self.layout.pp > 1:
             if num_items_in_batch is not None:
                 raise ValueError("num_items_in_batch does not apply under pipeline parallelism: the loss_fn gives the "
@@ -210,17 +234,27 @@ class ModelParallelStrategy(FSDPStrategy):
             return model
         layout = self.layout
         layout.build_mesh(self.state.device.type)
-        if not is_tensor_parallel(model):
-            plan = plan_of(model, self.tp_plan)
+        if layout.tp > 1 and not is_tensor_parallel(model):
+            plan = self._plan_for(model)
             if plan is None:
                 raise ValueError(
                     f"The {type(model).__name__} has no tensor-parallel plan (no _tp_plan, no config.base_model_tp_plan): "
                     "give one, ParallelismConfig(tp_size=N, tp_handler=TorchTensorParallelConfig(tp_plan={'layers.*."
                     "fc1': 'colwise', 'layers.*.fc2': 'rowwise'})), naming the model's modules.")
-            apply_plan(model, resolve_plan(model, plan, layout.tp), layout.submesh("tp"))
-        if layout.dp_size == 1:
+            resolved = resolve_plan(model, plan, layout.tp)
+            self.splits_logits = self.splits_logits or splits_the_logits(resolved)
+            apply_plan(model, resolved, layout.submesh("tp"))
+        self._after_tensor_parallel(model)
+        if not self._sharded_over_data:
             return model
         return super().shard_model(model)
+
+    def _plan_for(self, model) -> dict:
+        """The tensor-parallel plan for ``model`` (None: it has none)."""
+        return plan_of(model, self.tp_plan)
+
+    def _after_tensor_parallel(self, module) -> None:
+        """A step between tensor parallelism and data-parallel sharding (torchtitan's order); none here."""
 
     def __repr__(self) -> str:
         layout = self.layout

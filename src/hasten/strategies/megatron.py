@@ -1,0 +1,172 @@
+"""``MegatronLMPlugin`` on hasten's torch-native engine: Megatron-style tensor / pipeline / data parallelism.
+
+``Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2, ...))`` (or ``distributed_type: MEGATRON_LM`` in a
+config file) trains the user's own model with the model-parallel engine of ``strategies/model_parallel.py``:
+
+- ``tp_degree`` / ``pp_degree`` become the ``tp`` / ``pp`` mesh dimensions and the remaining processes are data
+  parallel: FSDP2-sharded with ``use_distributed_optimizer`` (parameters, gradients and optimizer state split over
+  them, as Megatron's distributed optimizer splits the optimizer state), replicated otherwise;
+- the tensor-parallel plan is the model's (``_tp_plan`` / ``config.base_model_tp_plan``) or a ParallelismConfig's
+  ``tp_handler``; ``sequence_parallelism=True`` asks that plan to contain sequence-parallel entries;
+- ``recompute_activations`` checkpoints the transformer blocks (``recompute_method="block"``: only the first
+  ``recompute_num_layers`` of them), between tensor parallelism and sharding;
+- ``gradient_clipping`` (default 1.0, 0 turns it off) clips the global gradient norm, reduced over every mesh
+  dimension, before each optimizer step, as Megatron does;
+- with ``pp_degree > 1``, ``num_micro_batches`` micro-batches go through a 1F1B pipeline and
+  ``custom_loss_function(outputs, target)`` computes each micro-batch's loss on the last stage.
+
+Fields that only Megatron-LM itself can honour are refused by ``megatron_mapping.check_torch_native``, by name.
+``AcceleratorState.distributed_type`` is ``MEGATRON_LM``, as scripts written for Accelerate expect.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from ..config.enums import DistributedType
+from .megatron_mapping import check_torch_native, megatron_layout
+from .model_parallel import ModelParallelStrategy
+from .single import SingleDeviceStrategy
+
+__all__ = ["MegatronLMStrategy", "MegatronLMSingleDeviceStrategy", "megatron_strategy", "transformer_blocks"]
+
+
+def transformer_blocks(model: nn.Module) -> list:
+    """The model's repeated blocks: modules of the classes in ``model._no_split_modules`` (transformers'
+    convention), else the members of its ``nn.ModuleList``s."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    if names:
+        found = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+        if found:
+            return found
+    return [block for module in model.modules() if isinstance(module, nn.ModuleList) for block in module]
+
+
+class _MegatronOptions:
+    """The plugin's training options that apply on any layout: recomputation and gradient clipping."""
+
+    megatron_plugin = None
+
+    def _recompute(self, module) -> None:
+        """Activation checkpointing of the transformer blocks (``recompute_activations``)."""
+        plugin = self.megatron_plugin
+        if not plugin.recompute_activations:
+            return
+        from .fsdp_wrapping import apply_activation_checkpointing
+
+        blocks = transformer_blocks(module)
+        if not blocks:
+            raise ValueError(f"MegatronLMPlugin(recompute_activations=True) found no transformer blocks in the "
+                             f"{type(module).__name__}: list their classes in model._no_split_modules, or keep the "
+                             "blocks in an nn.ModuleList.")
+        if plugin.recompute_method == "block":
+            blocks = blocks[:plugin.recompute_num_layers]
+        apply_activation_checkpointing(module, blocks)
+
+    def _clip_before_each_step(self, optimizer):
+        """Clip the global gradient norm to ``gradient_clipping`` before each step of ``optimizer`` (0: never)."""
+        max_norm = self.megatron_plugin.gradient_clipping
+        if max_norm:
+            def clip(inner, args, kwargs):
+                self.clip_grad_norm_([p for group in inner.param_groups for p in group["params"]], max_norm)
+
+            optimizer.register_step_pre_hook(clip)
+        return optimizer
+
+    def _record(self, state, data_parallel_size: int) -> None:
+        plugin = self.megatron_plugin
+        state.distributed_type = DistributedType.MEGATRON_LM  # what scripts written for Accelerate check
+        state.megatron_lm_plugin = plugin
+        plugin.data_parallel_size = data_parallel_size
+        plugin.megatron_lm_default_args["data_parallel_size"] = data_parallel_size
+
+
+class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
+    """The model-parallel engine laid out and configured by a ``MegatronLMPlugin``."""
+
+    needs_model_parallel_layout = False  # tp_degree = pp_degree = 1 is Megatron's plain data parallelism
+
+    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
+        from ..config.fsdp import FullyShardedDataParallelPlugin
+        from ..config.parallelism import TorchPipelineParallelConfig
+
+        layout = megatron_layout(plugin, state.num_processes, dims)
+        config = getattr(layout, "_config", None)
+        pp_config = getattr(config, "pp_handler", None)
+        if layout.pp > 1 and pp_config is None:
+            pp_config = TorchPipelineParallelConfig(num_micro_batches=plugin.num_micro_batches,
+                                                    loss_fn=plugin.custom_loss_function)
+        self.megatron_plugin = plugin
+        super().__init__(state, kwargs_handlers, layout, FullyShardedDataParallelPlugin(fsdp_version=2),
+                         tp_plan=getattr(getattr(config, "tp_handler", None), "tp_plan", None), pp_config=pp_config)
+
+    @property
+    def distributed_type(self):
+        return DistributedType.MEGATRON_LM
+
+    def setup(self) -> None:
+        super().setup()
+        self._record(self.state, self.layout.dp_size)
+
+    def _plan_for(self, model):
+        plan = super()._plan_for(model)
+        if self.megatron_plugin.sequence_parallelism and not _has_sequence_parallel(plan):
+            raise ValueError(
+                f"MegatronLMPlugin(sequence_parallelism=True) needs a tensor-parallel plan with sequence-parallel "
+                f"entries for the norms (style 'sequence_parallel') and the blocks' inputs and outputs sharded on the "
+                f"sequence dimension; the {type(model).__name__}'s plan has none: give one with ParallelismConfig("
+                "tp_handler=TorchTensorParallelConfig(tp_plan=...)), or set sequence_parallelism=False.")
+        return plan
+
+    def _after_tensor_parallel(self, module) -> None:
+        self._recompute(module)
+
+    def prepare_optimizer(self, optimizer):
+        return self._clip_before_each_step(super().prepare_optimizer(optimizer))
+
+    def __repr__(self) -> str:
+        layout = self.layout
+        return (f"MegatronLMStrategy(pp={layout.pp}, tp={layout.tp}, dp_shard={layout.dp_shard}, dp_replicate="
+                f"{layout.dp_replicate}, processes={self.state.num_processes})")
+
+
+class MegatronLMSingleDeviceStrategy(_MegatronOptions, SingleDeviceStrategy):
+    """A ``MegatronLMPlugin`` on one process (tp_degree = pp_degree = 1): recomputation and clipping only."""
+
+    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
+        megatron_layout(plugin, 1, dims)  # tp or pp > 1 on one process: the error says how many to launch
+        self.megatron_plugin = plugin
+        super().__init__(state, kwargs_handlers, dims)
+
+    distributed_type = DistributedType.MEGATRON_LM
+
+    def setup(self) -> None:
+        super().setup()
+        self._record(self.state, 1)
+
+    def prepare_model(self, model, device_placement=True, evaluation_mode=False):
+        model = super().prepare_model(model, device_placement, evaluation_mode)
+        self._recompute(model)
+        return model
+
+    def prepare_optimizer(self, optimizer):
+        return self._clip_before_each_step(super().prepare_optimizer(optimizer))
+
+
+def megatron_strategy(state, kwargs_handlers=None, dims=None, plugin=None):
+    """The strategy for a ``MegatronLMPlugin`` (None: one read from the launcher's environment), after checking
+    that the torch-native engine honours every field it sets."""
+    from ..config.megatron import MegatronLMPlugin
+
+    plugin = plugin if plugin is not None else MegatronLMPlugin()
+    if not isinstance(plugin, MegatronLMPlugin):
+        raise TypeError(f"megatron_lm_plugin must be a MegatronLMPlugin, got {type(plugin).__name__}.")
+    check_torch_native(plugin)
+    if state.num_processes == 1:
+        return MegatronLMSingleDeviceStrategy(state, kwargs_handlers, dims, plugin)
+    return MegatronLMStrategy(state, kwargs_handlers, dims, plugin)
+
+
+def _has_sequence_parallel(plan) -> bool:
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    return any(style == "sequence_parallel" or isinstance(style, SequenceParallel) for style in (plan or {}).values())
