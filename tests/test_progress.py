@@ -92,3 +92,31 @@ def test_loading_is_quiet_when_stdout_is_not_a_terminal(tmp_path, capsys):
     sharded_checkpoint(tmp_path, model)
     load_checkpoint_in_model(model, str(tmp_path))
     assert "Loading checkpoint shards" not in capsys.readouterr().err
+
+
+def test_reading_a_sharded_checkpoint_into_one_process_counts_every_piece(tmp_path, monkeypatch):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from hasten.utils import progress, safe_dcp
+
+    state = {"a": torch.ones(3), "b": torch.zeros(2, 2), "step": 7}
+    dcp.save(state, checkpoint_id=str(tmp_path), no_dist=True)
+    bars = []
+
+    class Bar:
+        def __init__(self, total):
+            self.total, self.n, self.closed = total, 0, False
+            bars.append(self)
+
+        def update(self, count):
+            self.n += count
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(progress, "progress_bar", lambda total=None, **kwargs: Bar(total))
+    loaded = safe_dcp.read_dcp_checkpoint(tmp_path)
+    assert loaded["step"] == 7 and torch.equal(loaded["b"], torch.zeros(2, 2))
+    (bar,) = bars
+    assert bar.total == 3 and bar.n == 3 and bar.closed  # two tensors and one plain value

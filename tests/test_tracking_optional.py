@@ -105,7 +105,9 @@ from hasten import Accelerator
 
 accelerator = Accelerator(cpu=True, log_with="clearml", project_dir=sys.argv[1])
 accelerator.init_trackers("hasten-test", config={"lr": 0.25}, init_kwargs={"clearml": {
-    "auto_connect_frameworks": False, "auto_resource_monitoring": False, "auto_connect_arg_parser": False}})
+    # no framework hooks and no repository / package scan (minutes on a loaded machine, nothing to find here)
+    "auto_connect_frameworks": {"detect_repository": False, "pytorch": False, "tensorboard": False,
+                                "matplotlib": False}, "auto_resource_monitoring": False, "auto_connect_arg_parser": False}})
 for step, loss in enumerate([1.0, 0.5, 0.25]):
     accelerator.log({"loss": torch.tensor(loss)}, step=step)
 print("FOLDER", accelerator.get_tracker("clearml", unwrap=True).get_offline_mode_folder())

@@ -8,7 +8,8 @@ computes on half of every sequence. The losses (each rank's slice mean, averaged
 same training on one process over whole sequences. Also: a prepared loader gives the ranks of one cp group the
 same batches; the buffers are restored after the block unless listed in ``no_restore_buffers``; the model outside
 the block sees whole sequences; a sequence cp does not divide, an attention mask and mismatched buffer lists are
-refused with the reason; the checkpoint is saved for the test to load on one process. Prints ``CONTEXT PARALLEL CHECKS PASSED``.
+refused with the reason; the checkpoint is saved for the test to load on one process. Prints
+``CONTEXT PARALLEL CHECKS PASSED``.
 """
 from __future__ import annotations
 

@@ -66,7 +66,8 @@ def run(model, plugin, plan=None, pipeline=False):
     AcceleratorState._reset_state()
     config = ParallelismConfig(tp_handler=TorchTensorParallelConfig(tp_plan=plan)) if plan else None
     accelerator = Accelerator(cpu=True, megatron_lm_plugin=plugin, parallelism_config=config)
-    check(accelerator.distributed_type == DistributedType.MEGATRON_LM, f"distributed_type {accelerator.distributed_type}")
+    check(accelerator.distributed_type == DistributedType.MEGATRON_LM,
+          f"distributed_type {accelerator.distributed_type}")
     check(accelerator.state.megatron_lm_plugin is plugin, "the state keeps the plugin")
     model = copy.deepcopy(model)
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))

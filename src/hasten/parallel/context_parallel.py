@@ -44,9 +44,9 @@ def _check_buffers(buffers, seq_dims, no_restore, cp_size: int) -> None:
             raise ValueError(f"maybe_context_parallel: buffer {index} has {buffer.dim()} dimensions; its sequence "
                              f"dimension {dim} does not exist.")
         if buffer.shape[dim] % cp_size:
-            raise ValueError(f"maybe_context_parallel: buffer {index} has {buffer.shape[dim]} positions along dimension "
-                             f"{dim}, which cp_size={cp_size} does not divide: pad the sequences to a multiple of "
-                             f"{cp_size}.")
+            raise ValueError(f"maybe_context_parallel: buffer {index} has {buffer.shape[dim]} positions along "
+                             f"dimension {dim}, which cp_size={cp_size} does not divide: pad the sequences to a "
+                             f"multiple of {cp_size}.")
 
 
 @torch.no_grad()

@@ -8,14 +8,14 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from .base import GeneralTracker, on_main_process
-from .packages import import_tracker_package
-from .values import prepare_config, prepare_log_values
+from .base import on_main_process
+from .run_tracker import RunTracker
+from .values import prepare_config
 
 __all__ = ["WandBTracker"]
 
 
-class WandBTracker(GeneralTracker):
+class WandBTracker(RunTracker):
     """A wandb run for project ``run_name``; keyword arguments go to ``wandb.init`` (``mode``, ``dir``, ``tags`` ...).
 
     Runs on the main process only (Accelerate marks it ``main_process_only = False``, but its Accelerator only calls
@@ -23,13 +23,7 @@ class WandBTracker(GeneralTracker):
     """
 
     name = "wandb"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs):
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run = None
+    package = "wandb"
 
     def _use_logging_dir(self, logging_dir: str) -> None:
         """Write under ``logging_dir`` unless init_kwargs name a ``dir``."""
@@ -39,36 +33,15 @@ class WandBTracker(GeneralTracker):
     def start(self):
         if self.init_kwargs.get("dir"):
             os.makedirs(self.init_kwargs["dir"], exist_ok=True)
-        wandb = import_tracker_package("wandb", self.name)
-        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
-
-    @property
-    def tracker(self):
-        return self.run
+        super().start()
 
     @on_main_process
     def store_init_configuration(self, values: dict):
         self.run.config.update(prepare_config(values), allow_val_change=True)
 
     @on_main_process
-    def log(self, values: dict, step: Optional[int] = None, **kwargs):
-        self.run.log(prepare_log_values(values), step=step, **kwargs)
-
-    @on_main_process
-    def log_images(self, values: dict, step: Optional[int] = None, **kwargs):
-        """Log ``{name: list of images}`` (numpy arrays or PIL images)."""
-        wandb = import_tracker_package("wandb", self.name)
-        self.run.log({key: [wandb.Image(image) for image in images] for key, images in values.items()}, step=step,
-                     **kwargs)
-
-    @on_main_process
     def log_table(self, table_name: str, columns: Optional[list[str]] = None, data: Optional[list[list[Any]]] = None,
                   dataframe: Any = None, step: Optional[int] = None, **kwargs):
         """Log a ``wandb.Table`` from ``columns`` + ``data`` rows, or from a ``dataframe``."""
-        wandb = import_tracker_package("wandb", self.name)
-        self.run.log({table_name: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step=step, **kwargs)
-
-    @on_main_process
-    def finish(self):
-        if self.run is not None:
-            self.run.finish()
+        table = self._module().Table(columns=columns, data=data, dataframe=dataframe)
+        self.run.log({table_name: table}, step=step, **kwargs)

@@ -103,8 +103,37 @@ class _PlainValuesOnly:
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
-class SafeEmptyStateDictLoadPlanner(_PlainValuesOnly, _EmptyStateDictLoadPlanner):
-    """The planner that fills an empty state dict, reading non-tensor entries with ``weights_only=True``."""
+class _CountedReads:
+    """A DCP load planner that advances a progress bar for each piece it reads (consolidating a big sharded
+    checkpoint into one process takes a while; see ``utils.progress`` for when the bar shows)."""
+
+    _bar = None
+
+    def create_local_plan(self):
+        from .progress import progress_bar
+
+        plan = super().create_local_plan()
+        self._bar = progress_bar(total=len(plan.items), desc="Reading checkpoint shards", unit="piece")
+        return plan
+
+    def _advance(self) -> None:
+        if self._bar is not None and hasattr(self._bar, "update"):
+            self._bar.update(1)
+            if self._bar.n >= self._bar.total:
+                self._bar.close()
+
+    def commit_tensor(self, read_item, tensor) -> None:
+        super().commit_tensor(read_item, tensor)
+        self._advance()
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        super().load_bytes(read_item, value)
+        self._advance()
+
+
+class SafeEmptyStateDictLoadPlanner(_CountedReads, _PlainValuesOnly, _EmptyStateDictLoadPlanner):
+    """The planner that fills an empty state dict, reading non-tensor entries with ``weights_only=True``; a progress
+    bar counts the pieces read (merging weights, reading a sharded checkpoint into one process)."""
 
 
 class SafeLoadPlanner(_PlainValuesOnly, DefaultLoadPlanner):
