@@ -22,6 +22,8 @@ def test_context_parallel_training_matches_one_process_and_its_checkpoint_loads_
     result = run_launch("check_context_parallel.py", tmp_path, mode, num_processes=processes, timeout=400)
     assert "CONTEXT PARALLEL CHECKS PASSED" in result.stdout, result.stdout
     assert f"ok: {name} matches single-process training" in result.stdout
+    if mode == "cp":
+        assert "ok: transformers Llama cp=2 matches single-process training" in result.stdout
     accelerator = Accelerator(cpu=True)
     model = accelerator.prepare(TinyCausalLM())
     accelerator.load_state(tmp_path / "cp_checkpoint")

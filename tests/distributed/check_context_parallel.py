@@ -5,7 +5,7 @@
 A tiny causal transformer (SDPA attention, learned positions; shipped here) is trained 12 steps with every step
 inside ``accelerator.maybe_context_parallel(buffers=[ids, labels, positions], buffer_seq_dims=[1, 1, 1])``: each rank
 computes on half of every sequence. The losses (each rank's slice mean, averaged) and the final weights match the
-same training on one process over whole sequences. Also: a prepared loader gives the ranks of one cp group the
+same training on one process over whole sequences (with cp=2 alone, a transformers Llama too). Also: a prepared loader gives the ranks of one cp group the
 same batches; the buffers are restored after the block unless listed in ``no_restore_buffers``; the model outside
 the block sees whole sequences; a sequence cp does not divide, an attention mask and mismatched buffer lists are
 refused with the reason; the checkpoint is saved for the test to load on one process. Prints
@@ -124,6 +124,47 @@ def expect_error(function, *fragments) -> None:
     raise AssertionError(f"expected an error mentioning {fragments}")
 
 
+def check_llama() -> None:
+    """A transformers Llama (tiny config, no download; SDPA attention, grouped-query heads, rotary positions from
+    ``position_ids``) with cp=2 matches single-process training: no attention mask, the positions as a buffer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hasten.state import AcceleratorState
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         attn_implementation="sdpa")
+    set_seed(6)
+    model = LlamaForCausalLM(config)
+    reference = copy.deepcopy(model)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2))
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    generator = torch.Generator().manual_seed(8)
+    for _ in range(6):
+        tokens = torch.randint(0, 64, (2, 17), generator=generator)
+        ids, labels = tokens[:, :-1].clone(), tokens[:, 1:].clone()
+        positions = torch.arange(16).expand(2, 16).clone()
+        expected = F.cross_entropy(reference(ids, position_ids=positions).logits.reshape(-1, 64), labels.reshape(-1))
+        expected.backward()
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
+        with accelerator.maybe_context_parallel(buffers=[ids, labels, positions], buffer_seq_dims=[1, 1, 1]):
+            loss = F.cross_entropy(model(ids, position_ids=positions).logits.reshape(-1, 64), labels.reshape(-1))
+            accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        got = accelerator.reduce(loss.detach(), reduction="mean").item()
+        check(abs(got - expected.item()) <= TOLERANCE["atol"] + TOLERANCE["rtol"] * abs(expected.item()),
+              f"Llama cp=2 loss {got} vs single-process {expected.item()}")
+    weights = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        for key, value in reference.state_dict().items():
+            check(torch.allclose(weights[key], value, **TOLERANCE), f"Llama {key} differs")
+    say(accelerator, "ok: transformers Llama cp=2 matches single-process training (6 steps)")
+
+
 def main(work: Path, mode: str) -> None:
     set_seed(0)
     model = TinyCausalLM()
@@ -202,6 +243,8 @@ def main(work: Path, mode: str) -> None:
     expect_error(masked, "attention mask", "is_causal=True")
     check(ids.shape[1] == SEQUENCE, "buffers restored after an error in the block")
     say(accelerator, "ok: bad buffers and attention masks refused")
+    if mode == "cp":
+        check_llama()
     say(accelerator, "CONTEXT PARALLEL CHECKS PASSED")
 
 
