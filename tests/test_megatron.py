@@ -63,6 +63,9 @@ def test_on_one_process_the_plugin_recomputes_and_clips_like_pytorch(clean_megat
         reference_optimizer.step()
         reference_optimizer.zero_grad()
     assert max(norms) > 0.5  # the clipping did something
+    plugin = accelerator.state.megatron_lm_plugin
+    accelerator.prepare(torch.utils.data.DataLoader(list(range(12)), batch_size=3))
+    assert (plugin.micro_batch_size, plugin.data_parallel_size, plugin.global_batch_size) == (3, 1, 3)
     ours = accelerator.unwrap_model(prepared).state_dict()
     for key, value in reference.state_dict().items():
         assert torch.allclose(ours[key], value, atol=1e-6), key

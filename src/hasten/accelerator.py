@@ -533,6 +533,7 @@ class Accelerator:
             slice_fn_for_dispatch=slice_fn_for_dispatch, **options,
         )
         self._prepared.add(data_loader)
+        self.strategy.note_data_loader(data_loader)
         return self._remember(prepared, self._dataloaders)
 
     def skip_first_batches(self, dataloader, num_batches: int = 0):

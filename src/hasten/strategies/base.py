@@ -152,6 +152,9 @@ class Strategy:
     def forget(self) -> None:
         """Drop what the strategy holds about prepared objects (``Accelerator.free_memory``)."""
 
+    def note_data_loader(self, data_loader) -> None:
+        """A user's loader was prepared (a backend may take its batch size; Megatron's plugin does)."""
+
     def loss_parallel(self):
         """The context in which a loss runs on logits split over the classes (tensor parallelism with a
         ``"loss_parallel"`` head), or None."""

@@ -72,6 +72,17 @@ class _MegatronOptions:
             optimizer.register_step_pre_hook(clip)
         return optimizer
 
+    def note_data_loader(self, data_loader) -> None:
+        """The first loader's batch size gives the plugin's ``micro_batch_size`` / ``global_batch_size`` (as
+        Accelerate's ``set_training_args``; scripts read ``global_batch_size``). Under a pipeline the loader's
+        batch is cut into ``num_micro_batches``."""
+        plugin = self.megatron_plugin
+        batch_size = getattr(data_loader, "batch_size", None)
+        if batch_size is None or getattr(plugin, "micro_batch_size", None) is not None:
+            return
+        # without a pipeline num_micro_batches is 1 (check_torch_native refuses more)
+        plugin.set_training_args(batch_size // plugin.num_micro_batches, plugin.data_parallel_size)
+
     def _record(self, state, data_parallel_size: int) -> None:
         plugin = self.megatron_plugin
         state.distributed_type = DistributedType.MEGATRON_LM  # what scripts written for Accelerate check
