@@ -6,8 +6,9 @@
 
 A small classifier learns a generated two-spirals data set: mixed precision, gradient accumulation, gradient
 clipping, a learning-rate schedule, and evaluation whose accuracy counts every sample exactly once (the
-evaluation set does not divide evenly across processes). The loops show a progress bar on the main process; with
---project_dir the loss, learning rate, throughput and accuracy are logged with the dependency-free JSONL tracker.
+evaluation set does not divide evenly across processes). The loops show a progress bar on the main process, in a
+terminal; with --project_dir the loss, learning rate, throughput and accuracy are logged with the dependency-free
+JSONL tracker.
 """
 import argparse
 import math
@@ -56,7 +57,8 @@ def main():
     for epoch in range(args.epochs):
         model.train()
         started, seen = time.perf_counter(), 0
-        for x, y in tqdm(train, desc=f"epoch {epoch} train", leave=False):  # shown on the main process only
+        # a bar on the main process only, and only in a terminal (disable=None: tqdm's "off when not a TTY")
+        for x, y in tqdm(train, desc=f"epoch {epoch} train", leave=False, disable=None):
             seen += len(x)
             with accelerator.accumulate(model):
                 loss = nn.functional.cross_entropy(model(x), y)
@@ -73,7 +75,7 @@ def main():
                         step=step)
         model.eval()
         correct = total = 0
-        for x, y in tqdm(evaluate, desc=f"epoch {epoch} eval", leave=False):
+        for x, y in tqdm(evaluate, desc=f"epoch {epoch} eval", leave=False, disable=None):
             with torch.no_grad():
                 predictions = model(x).argmax(-1)
             predictions, y = accelerator.gather_for_metrics((predictions, y))

@@ -16,7 +16,7 @@ def main():
     accelerator = Accelerator()
     loader = accelerator.prepare(DataLoader(torch.arange(103), batch_size=10))
     seen, names = [], []
-    for batch in tqdm(loader, desc="evaluate"):  # a bar on the main process only
+    for batch in tqdm(loader, desc="evaluate", disable=None):  # a bar on the main process only
         seen.append(accelerator.gather_for_metrics(batch))
         names += accelerator.gather_for_metrics([f"sample-{int(i)}" for i in batch])
     seen = torch.cat(seen)

@@ -35,7 +35,8 @@ def main():
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
     iterator = iter(loader)
-    for cycle_index in tqdm(range(len(loader) // ACCUMULATION), desc="train"):  # main process only
+    # a bar on the main process only, in a terminal (disable=None)
+    for cycle_index in tqdm(range(len(loader) // ACCUMULATION), desc="train", disable=None):
         cycle = [next(iterator) for _ in range(ACCUMULATION)]
         num_items = accelerator.reduce(sum((labels != -100).sum() for _, labels in cycle), reduction="sum")
         for tokens, labels in cycle:

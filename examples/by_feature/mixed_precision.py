@@ -20,7 +20,7 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     model, optimizer = accelerator.prepare(model, optimizer)
     g = torch.Generator().manual_seed(accelerator.process_index)
-    for step in tqdm(range(100), desc="train"):  # a bar on the main process only
+    for step in tqdm(range(100), desc="train", disable=None):  # a bar on the main process only
         x = torch.randn(32, 16, generator=g)
         out = model(x)                      # computed in low precision, returned in fp32
         loss = ((out - x.mean(1, keepdim=True)) ** 2).mean()
