@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from hasten import Accelerator, DistributedType
+from hasten import Accelerator, DistributedType, ParallelismConfig
 from hasten.parallel import ParallelDims
 from hasten.strategies.megatron_mapping import check_torch_native, megatron_layout
 from hasten.utils import MegatronLMPlugin
@@ -101,8 +101,18 @@ def test_layouts_that_do_not_fit_are_refused_with_the_sizes(clean_megatron_env):
     assert (layout.tp, layout.dp_shard, layout.dp_replicate) == (2, 4, 1)
     layout = megatron_layout(MegatronLMPlugin(pp_degree=2), 8)
     assert (layout.pp, layout.dp_shard, layout.dp_replicate) == (2, 1, 4)
+    def asked(**sizes):
+        return ParallelDims.from_config(ParallelismConfig(**sizes), 4)
+
     with pytest.raises(ValueError, match="disagree"):
-        megatron_layout(MegatronLMPlugin(tp_degree=2), 4, ParallelDims(tp=4, world_size=4))
+        megatron_layout(MegatronLMPlugin(tp_degree=2), 4, asked(tp_size=4))
+    with pytest.raises(ValueError, match=r"dp_shard_size=1.*dp_shard_size=2.*disagree"):  # sharding not asked
+        megatron_layout(MegatronLMPlugin(tp_degree=2), 4, asked(tp_size=2, dp_shard_size=2))
+    with pytest.raises(ValueError, match=r"cp_size=2.*disagree"):
+        megatron_layout(MegatronLMPlugin(tp_degree=2), 4, asked(cp_size=2, dp_shard_size=2))
+    agreed = megatron_layout(MegatronLMPlugin(tp_degree=2, use_distributed_optimizer=True), 4,
+                             asked(tp_size=2, dp_shard_size=2))
+    assert (agreed.tp, agreed.dp_shard) == (2, 2)
 
 
 def test_launch_flags_and_the_config_section_reach_the_plugin(script, no_launch, tmp_path):  # noqa: F811

@@ -84,8 +84,8 @@ def check_torch_native(plugin) -> None:
 
 
 def megatron_layout(plugin, world_size: int, given=None):
-    """The ``ParallelDims`` the plugin asks for on ``world_size`` processes (checked against a ParallelismConfig's
-    layout ``given``, when there is one)."""
+    """The ``ParallelDims`` the plugin asks for on ``world_size`` processes, checked against the sizes of the
+    ParallelismConfig behind ``given`` (the run's layout) when there is one."""
     from ..parallel import ParallelDims
 
     tp, pp = plugin.tp_degree, plugin.pp_degree
@@ -96,9 +96,18 @@ def megatron_layout(plugin, world_size: int, given=None):
     sharded = plugin.use_distributed_optimizer
     dims = ParallelDims(pp=pp, tp=tp, dp_shard=dp if sharded else 1, dp_replicate=1 if sharded else dp,
                         world_size=world_size)
-    if given is not None and any(getattr(given, d) not in (1, getattr(dims, d)) for d in ("pp", "tp")):
-        raise ValueError(f"MegatronLMPlugin(tp_degree={tp}, pp_degree={pp}) and the ParallelismConfig (tp_size="
-                         f"{given.tp}, pp_size={given.pp}) disagree: give the sizes in one of them.")
+    config = getattr(given, "_config", None)  # the sizes asked for (the layout fills unset ones in by itself)
+    asked = {d: getattr(config, f"{d}_size") for d in ("pp", "tp", "dp_shard", "dp_replicate", "cp", "sp")} \
+        if config is not None else {}  # no ParallelismConfig: nothing asked beyond the plugin
+    differ = [d for d, size in asked.items() if size not in (1, getattr(dims, d))]
+    if differ:
+        ours = ", ".join(f"{d}_size={getattr(dims, d)}" for d in differ)
+        theirs = ", ".join(f"{d}_size={asked[d]}" for d in differ)
+        raise ValueError(f"MegatronLMPlugin(tp_degree={tp}, pp_degree={pp}, use_distributed_optimizer={sharded}) on "
+                         f"{world_size} processes lays them out as {ours}, and the ParallelismConfig asks for {theirs}: "
+                         "they disagree. Give the layout in one of them (the plugin's data-parallel ranks are sharded "
+                         "with use_distributed_optimizer=True, replicated otherwise; context and sequence parallelism "
+                         "do not combine with it).")
     if given is not None:
         dims._config = getattr(given, "_config", None)  # its tensor-parallel plan, when it has one
     return dims
