@@ -273,3 +273,12 @@ def test_importing_the_accelerator_leaves_dcp_and_dtensor_unimported():
             "'torch.distributed.tensor'))]\nprint(loaded)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_two_backend_plugins_are_refused_naming_both():
+    from hasten.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin, MegatronLMPlugin
+
+    with pytest.raises(ValueError, match="megatron_lm_plugin=... select different backends"):
+        Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(), megatron_lm_plugin=MegatronLMPlugin())
+    with pytest.raises(ValueError, match="fsdp_plugin=... and deepspeed_plugin=..."):
+        Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(), deepspeed_plugin=DeepSpeedPlugin())

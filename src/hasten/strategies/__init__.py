@@ -117,9 +117,13 @@ def requested_backend(plugins: dict) -> Optional[tuple]:
     selects, else None."""
     from ..config.env_aliases import setting_variables
 
-    for backend in _BACKENDS:
-        if plugins.get(backend.plugin) is not None:
-            return backend, f"{backend.plugin}=..."
+    given = [backend for backend in _BACKENDS if plugins.get(backend.plugin) is not None]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(b.plugin + '=...' for b in given)} select different backends ("
+                         f"{', '.join(b.label for b in given)}): give one. FSDP with tensor parallelism is "
+                         "fsdp_plugin with ParallelismConfig(tp_size=..., dp_shard_size=...).")
+    for backend in given:
+        return backend, f"{backend.plugin}=..."
     for backend in _BACKENDS:
         if backend.env_switch is not None and _env_selects(backend.env_switch):
             variable = setting_variables(backend.env_switch)[0]
