@@ -453,3 +453,29 @@ def test_gradient_state_properties():
 def test_seedable_random_sampler_takes_random_samplers_arguments_positionally():
     sampler = SeedableRandomSampler(list(range(6)), True, 4, data_seed=3)
     assert sampler.replacement and sampler.num_samples == 4 and sampler.initial_seed == 3
+
+
+def test_a_one_cycle_schedule_runs_to_its_end_under_gradient_accumulation():
+    """The reference stops OneCycleLR early when accumulating (its guard counts the accumulation steps too)."""
+    from hasten import Accelerator
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=6)
+    expected = torch.optim.lr_scheduler.OneCycleLR(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1),
+                                                   max_lr=0.1, total_steps=6)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    lrs, wanted = [], []
+    for _ in range(18):  # 6 optimizer steps of 3 micro-batches
+        with accelerator.accumulate(model):
+            accelerator.backward(model(torch.ones(1, 2)).sum())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        if accelerator.sync_gradients:
+            lrs.append(scheduler.get_last_lr()[0])
+            expected.optimizer.step()
+            expected.step()
+            wanted.append(expected.get_last_lr()[0])
+    assert lrs == wanted and scheduler.last_epoch == 6

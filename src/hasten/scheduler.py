@@ -55,9 +55,11 @@ class AcceleratedScheduler:
         if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
             return
         repeats = 1 if self.split_batches else self._num_processes()
-        total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR refuses to step past its end
+        # OneCycleLR refuses to step past its end. Its position is last_epoch: _step_count (which the reference
+        # checks) also counts the accumulation steps above, and would stop the schedule a third of the way early.
+        total = getattr(self.scheduler, "total_steps", None)
         for _ in range(repeats):
-            if total is not None and self.scheduler._step_count > total:
+            if total is not None and self.scheduler.last_epoch >= total:
                 break
             self.scheduler.step(*args, **kwargs)
 
