@@ -41,6 +41,18 @@ def test_buffers_are_sliced_in_place_and_restored():
     assert torch.equal(ids, original_ids) and labels.shape == (2, 2)  # labels were not to be restored
 
 
+def test_views_are_refused_before_anything_is_sliced():
+    from hasten.parallel.context_parallel import _check_buffers
+
+    tokens = torch.arange(20).view(2, 10)
+    with pytest.raises(ValueError, match="buffer 0 is a view of another tensor"):
+        _check_buffers([tokens[:, :-2]], [1], [], 2)
+    with pytest.raises(ValueError, match="requires grad"):
+        _check_buffers([torch.ones(2, 4, requires_grad=True)], [1], [], 2)
+    assert torch.equal(tokens, torch.arange(20).view(2, 10))
+    _check_buffers([tokens[:, :-2].clone()], [1], [], 2)  # a copy is fine
+
+
 def test_without_context_parallelism_the_block_changes_nothing():
     accelerator = Accelerator(cpu=True)
     ids = torch.arange(8).view(1, 8)

@@ -40,6 +40,11 @@ def _check_buffers(buffers, seq_dims, no_restore, cp_size: int) -> None:
         if not isinstance(buffer, torch.Tensor) or isinstance(buffer, torch.nn.Parameter):
             raise TypeError(f"maybe_context_parallel: buffer {index} must be a tensor (not a parameter), got "
                             f"{type(buffer).__name__}.")
+        if buffer._base is not None or not buffer.is_contiguous() or buffer.requires_grad:
+            raise ValueError(f"maybe_context_parallel: buffer {index} is "
+                             f"{'a tensor that requires grad' if buffer.requires_grad else 'a view of another tensor'}"
+                             " (e.g. tokens[:, :-1]); it is sliced in place, which would overwrite what it views: "
+                             "pass a tensor of its own (.clone(), or .detach().clone()).")
         if not -buffer.dim() <= dim < buffer.dim():
             raise ValueError(f"maybe_context_parallel: buffer {index} has {buffer.dim()} dimensions; its sequence "
                              f"dimension {dim} does not exist.")
