@@ -194,8 +194,9 @@ def test_the_questionnaire_writes_a_config_that_hasten_launch_reads(tmp_path, mo
     from hasten.commands.launch import load_launch_config
 
     # this machine, multi-CPU, 2 machines, rank 1, address, port (default), same network (default),
-    # 4 processes, debug checks, no compile, bf16 (menu)
-    monkeypatch.setattr(builtins, "input", Answers("0", "1", "2", "1", "10.0.0.1", "", "", "4", "yes", "no", "2"))
+    # 4 processes, DDP (menu), debug checks, no compile, bf16 (menu)
+    monkeypatch.setattr(builtins, "input", Answers("0", "1", "2", "1", "10.0.0.1", "", "", "4", "0", "yes", "no",
+                                                   "2"))
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
     target = tmp_path / "asked.yaml"
     assert config_module.config_command(argparse.Namespace(config_file=str(target))) == 0

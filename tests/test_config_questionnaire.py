@@ -361,3 +361,19 @@ def test_megatron_answers_reach_the_megatron_plugin(tmp_path, monkeypatch, scrip
     plugin = MegatronLMPlugin()
     assert (plugin.tp_degree, plugin.pp_degree, plugin.num_micro_batches, plugin.gradient_clipping) == (2, 2, 4, 0.5)
     assert plugin.sequence_parallelism and plugin.recompute_activations and plugin.use_distributed_optimizer
+
+
+def test_a_multi_cpu_machine_is_offered_every_backend(tmp_path, monkeypatch, script, no_launch):  # noqa: F811
+    from hasten.commands.launch import load_launch_config
+
+    # multi-CPU, 1 machine, 2 processes, FSDP: version 2, reshard (default), no offload, wrap by layer class
+    # "Block", state dict (default), CPU-RAM-efficient loading (default), no activation checkpointing, no TP;
+    # no debug, no compile, bf16
+    path = _answered(monkeypatch, tmp_path, "1", "", "2", "1", "", "", "", "", "Block", "", "", "", "", "", "",
+                     "2")
+    written = yaml.safe_load(open(path).read())
+    assert written["distributed_type"] == "FSDP" and written["use_cpu"] is True and written["num_processes"] == 2
+    assert written["fsdp_config"]["fsdp_version"] == 2
+    config_path, settings = load_launch_config(path)
+    env = plan_for(["--config_file", config_path, script], settings, config_path).env
+    assert env["HASTEN_USE_FSDP"] == "true" and env["HASTEN_FSDP_VERSION"] == "2"

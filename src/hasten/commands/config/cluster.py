@@ -82,7 +82,7 @@ def get_cluster_input() -> ClusterConfig:
     else:
         config["num_processes"] = 1
         config["use_cpu"] = ask_bool("Run on the CPU only, even where a GPU is available?", False)
-    if on_gpus:
+    if on_gpus or kind == DistributedType.MULTI_CPU:  # every backend runs on CPUs too (gloo)
         _backend(config, config["num_processes"])
     config["debug"] = distributed and ask_bool(
         "Check distributed operations while running (slower, but a mismatch between processes is reported "
