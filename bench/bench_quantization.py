@@ -31,59 +31,21 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT / "tests"))
 from harness import compare, format_table, is_installed  # noqa: E402
+from quantization_models import TinyLM, make_model, save_sharded  # noqa: E402  (the tests' model, larger)
 
 WIDTH, BLOCKS, VOCAB, SHARDS = 1024, 6, 1024, 4  # 6 blocks x (1024->4096->1024): ~51M float32 parameters
-
-
-def _model_class():
-    import torch
-    import torch.nn as nn
-
-    class Block(nn.Module):
-        def __init__(self, d):
-            super().__init__()
-            self.norm = nn.LayerNorm(d)
-            self.up = nn.Linear(d, 4 * d)
-            self.down = nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            return x + self.down(torch.relu(self.up(self.norm(x))))
-
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(VOCAB, WIDTH)
-            self.blocks = nn.ModuleList([Block(WIDTH) for _ in range(BLOCKS)])
-            self.head = nn.Linear(WIDTH, VOCAB)
-
-        def forward(self, ids):
-            x = self.embed(ids)
-            for block in self.blocks:
-                x = block(x)
-            return self.head(x)
-
-    return Model
+MODEL = dict(vocab=VOCAB, d=WIDTH, layers=BLOCKS)
 
 
 def write_checkpoint(folder: Path) -> int:
     import torch
-    from safetensors.torch import save_file
 
-    torch.manual_seed(0)
-    model = _model_class()()
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    names = list(state)
-    per = -(-len(names) // SHARDS)
-    weight_map = {}
-    for i in range(SHARDS):
-        file = f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors"
-        part = names[i * per:(i + 1) * per]
-        save_file({k: state[k] for k in part}, str(folder / file), metadata={"format": "pt"})
-        weight_map.update({k: file for k in part})
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    model = make_model(seed=0, **MODEL)
+    save_sharded(model, folder, SHARDS)
     torch.save(torch.randint(0, VOCAB, (2, 16)), folder / "input.pt")
-    return sum(t.numel() * t.element_size() for t in state.values())
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
 def _peak_rss() -> int:
@@ -96,28 +58,12 @@ def _rss() -> int:
         return next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmRSS:"))
 
 
-def _model_bytes(model) -> int:
-    import bitsandbytes as bnb
-
-    total = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-    for module in model.modules():
-        if isinstance(module, bnb.nn.Linear8bitLt):
-            scales = module.weight.SCB if module.weight.SCB is not None else module.state.SCB
-            total += scales.numel() * scales.element_size()
-        elif isinstance(module, bnb.nn.Linear4bit):
-            state = module.weight.quant_state
-            parts = [state.absmax, state.code] + ([state.state2.absmax, state.state2.code, state.offset]
-                                                  if state.nested else [])
-            total += sum(t.numel() * t.element_size() for t in parts)
-    return total
-
-
 def _by_hand(bits: int, folder: str):
     import bitsandbytes as bnb
     import torch
     from safetensors.torch import load_file
 
-    model = _model_class()()
+    model = TinyLM(**MODEL)
     for path in sorted(Path(folder).glob("*.safetensors")):
         model.load_state_dict(load_file(str(path)), strict=False)
     for block in model.blocks:
@@ -147,7 +93,7 @@ def _library(variant: str, bits: int, folder: str):
         from accelerate.utils import BnbQuantizationConfig, load_and_quantize_model
     config = BnbQuantizationConfig(load_in_8bit=bits == 8, load_in_4bit=bits == 4)
     with init_empty_weights():
-        model = _model_class()()
+        model = TinyLM(**MODEL)
     return load_and_quantize_model(model, config, weights_location=folder, device_map={"": "cpu"})
 
 
@@ -175,7 +121,9 @@ def child(variant: str, bits: str, folder: str) -> dict:
     with torch.no_grad():
         output = model(torch.load(os.path.join(folder, "input.pt"))).float()
     torch.save(output, os.path.join(folder, f"output-{variant.replace(' ', '_')}-{bits}.pt"))
-    return {"seconds": seconds, "peak_growth": growth, "model_bytes": _model_bytes(model)}
+    from hasten.quantization.sizes import allocated_bytes
+
+    return {"seconds": seconds, "peak_growth": growth, "model_bytes": allocated_bytes(model)}
 
 
 def _run_child(variant: str, bits: int, folder: Path) -> dict:

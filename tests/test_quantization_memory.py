@@ -13,6 +13,7 @@ import torch
 
 from hasten.big_modeling import init_empty_weights
 from hasten.commands import estimate
+from hasten.quantization.sizes import allocated_bytes
 from hasten.utils import BnbQuantizationConfig, load_and_quantize_model
 
 bnb = pytest.importorskip("bitsandbytes")
@@ -20,22 +21,6 @@ bnb = pytest.importorskip("bitsandbytes")
 from quantization_models import TinyLM, make_model, save_sharded  # noqa: E402
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-
-
-def allocated_bytes(model) -> int:
-    """Bytes held by the model's tensors, bitsandbytes' quantization statistics included."""
-    total = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-    for module in model.modules():
-        if isinstance(module, bnb.nn.Linear8bitLt):
-            scales = module.weight.SCB if module.weight.SCB is not None else module.state.SCB
-            total += scales.numel() * scales.element_size()
-        elif isinstance(module, bnb.nn.Linear4bit):
-            state = module.weight.quant_state
-            parts = [state.absmax, state.code]
-            if state.nested:
-                parts += [state.state2.absmax, state.state2.code, state.offset]
-            total += sum(t.numel() * t.element_size() for t in parts)
-    return total
 
 
 def test_estimate_memory_agrees_with_the_loaded_model(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""How many bytes a model takes once quantized by ``load_and_quantize_model``, from shapes only (meta models work).
+"""How many bytes a model takes once quantized by ``load_and_quantize_model``, from shapes only (meta models work),
+and ``allocated_bytes``, what a loaded model's tensors really hold (to check the estimate against).
 
 Two uses: planning a device map (``special_dtypes`` for ``infer_auto_device_map``: int8 / 4-bit weights, fp32 for
 keep-in-fp32 modules, ``torch_dtype`` for the rest) and ``hasten estimate-memory --dtypes int8 int4``, which adds
@@ -19,7 +20,7 @@ from ..big_modeling.sizes import compute_module_sizes
 from .replace import quantized_layer_names
 from .skip import matches_module, resolve_unquantized
 
-__all__ = ["quantized_special_dtypes", "quantization_overhead", "quantized_module_sizes"]
+__all__ = ["quantized_special_dtypes", "quantization_overhead", "quantized_module_sizes", "allocated_bytes"]
 
 _BLOCKSIZE = 64  # bitsandbytes' default 4-bit block size
 _NESTED_BLOCKSIZE = 256
@@ -67,3 +68,25 @@ def quantized_module_sizes(model: nn.Module, config) -> dict:
         for end in range(len(parts) + 1):
             sizes[".".join(parts[:end])] += extra
     return sizes
+
+
+def allocated_bytes(model: nn.Module) -> int:
+    """Bytes held by a loaded model's parameters and buffers, with the quantization statistics bitsandbytes keeps
+    beside its 8-bit (``SCB``) and 4-bit (absmax, code book; nested ones with double quantization) weights."""
+    from .backend import loaded_bnb
+
+    total = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    bnb = loaded_bnb()
+    if bnb is None:  # no bitsandbytes layer can exist
+        return total
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear8bitLt):
+            scales = module.weight.SCB if module.weight.SCB is not None else module.state.SCB
+            total += scales.numel() * scales.element_size()
+        elif isinstance(module, bnb.nn.Linear4bit):
+            state = module.weight.quant_state
+            parts = [state.absmax, state.code]
+            if state.nested:
+                parts += [state.state2.absmax, state.state2.code, state.offset]
+            total += sum(t.numel() * t.element_size() for t in parts)
+    return total
