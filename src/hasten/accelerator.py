@@ -607,22 +607,14 @@ class Accelerator:
                 "Context parallelism is not enabled (it needs parallelism_config with cp_size > 1): "
                 "maybe_context_parallel has no effect."
             )
-            yield
-            return
-        with block:
+        with block or contextlib.nullcontext():
             yield
 
-    @contextlib.contextmanager
     def loss_parallel(self):
         """The block computing the loss from logits split over the classes (hasten's; a tensor-parallel plan whose
         head is ``"loss_parallel"``): ``F.cross_entropy`` works on each rank's share of the classes, never
         gathering the logits. ``accelerator.backward`` enters it by itself. Without such a head: no effect."""
-        block = self.strategy.loss_parallel()
-        if block is None:
-            yield
-            return
-        with block:
-            yield
+        return self.strategy.loss_parallel() or contextlib.nullcontext()
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Backward and update in one pass with the prepared LOMO / AdaLomo optimizers (``lomo-optim``)."""

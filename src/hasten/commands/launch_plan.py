@@ -193,6 +193,9 @@ SCRIPT_DEFAULTS = {"mixed_precision": "no", "cpu": False, "gradient_accumulation
 # distributed_type in a config file -> the HASTEN_USE_* switch that tells the script which strategy to use
 STRATEGY_ENV = {DistributedType.FSDP.value: "use_fsdp", DistributedType.DEEPSPEED.value: "use_deepspeed",
                 DistributedType.MEGATRON_LM.value: "use_megatron_lm"}
+# the config file's backend sections whose keys are the launch flags' names: (flag group, section key)
+SECTION_GROUPS = {DistributedType.FSDP.value: ("FSDP", "fsdp_config"),
+                  DistributedType.MEGATRON_LM.value: ("Megatron-LM", "megatron_lm_config")}
 
 
 def chosen_strategy(args, config: Optional[Mapping], config_path: Optional[str], notes: list) -> str:
@@ -468,10 +471,9 @@ def worker_env(values: dict, sources: dict, config: Optional[Mapping], config_pa
         kind = kind if strategy is None else strategy
         if kind in STRATEGY_ENV and kind != DistributedType.DEEPSPEED.value:
             env[env_name(STRATEGY_ENV[kind])] = "true"
-        if kind == DistributedType.FSDP.value:  # the fsdp_config section reaches the plugin (flags win later)
-            env.update(section_env("FSDP", config.get("fsdp_config")))
-        if kind == DistributedType.MEGATRON_LM.value:  # megatron_lm_config's keys are the launch flags' names
-            env.update(section_env("Megatron-LM", config.get("megatron_lm_config")))
+        if kind in SECTION_GROUPS:  # the backend's section reaches its plugin (flags win later)
+            group, section = SECTION_GROUPS[kind]
+            env.update(section_env(group, config.get(section)))
     gpu_ids = values.get("gpu_ids")
     if gpu_ids and gpu_ids.strip().lower() != "all":
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids.strip()

@@ -51,7 +51,7 @@ class Strategy:
         self.state = state
         self.handlers = kwargs_handlers or {}
         self._dims = dims
-        self._data_view = None  # the data-parallel group's ProcessView (data_processes), under model parallelism
+        self._views = {}  # ProcessViews of the data-parallel (and dp x cp) groups, under model parallelism
         self.precision = self.create_precision()
 
     # ------------------------------------------------------------ precision and layout
@@ -76,14 +76,7 @@ class Strategy:
         """The processes data is split over and results are gathered from: None (the whole run, today's path)
         when every process is its own data-parallel rank, else a ``ProcessView`` of the data-parallel group."""
         layout = self.layout
-        if layout.dp_size == self.state.num_processes:
-            return None
-        if self._data_view is None:  # built once: gathers and reductions ask for it at every call
-            from ..utils.process_view import ProcessView
-
-            layout.build_mesh(self.state.device.type)
-            self._data_view = ProcessView.of_group(layout.dp_group, self.state)
-        return self._data_view
+        return self._processes("dp", layout.dp_size, lambda: layout.dp_group)
 
     def reduction_processes(self):
         """The processes ``Accelerator.reduce`` combines: the data-parallel ones, and under context parallelism
@@ -91,13 +84,19 @@ class Strategy:
         layout = self.layout
         if layout.cp == 1:
             return self.data_processes()
-        if layout.dp_size * layout.cp == self.state.num_processes:
+        return self._processes("dp_cp", layout.dp_size * layout.cp, lambda: layout.submesh("dp_cp").get_group())
+
+    def _processes(self, name: str, size: int, group):
+        """None when ``size`` is every process, else the ``ProcessView`` of ``group()``, built once per name
+        (gathers and reductions ask for it at every call)."""
+        if size == self.state.num_processes:
             return None
-        if getattr(self, "_reduction_view", None) is None:
+        if name not in self._views:
             from ..utils.process_view import ProcessView
 
-            self._reduction_view = ProcessView.of_group(layout.submesh("dp_cp").get_group(), self.state)
-        return self._reduction_view
+            self.layout.build_mesh(self.state.device.type)
+            self._views[name] = ProcessView.of_group(group(), self.state)
+        return self._views[name]
 
     @property
     def data_parallel_size(self) -> int:

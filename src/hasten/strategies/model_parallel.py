@@ -25,6 +25,8 @@ stages), which load under another layout.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..config.enums import DistributedType
@@ -153,17 +155,14 @@ class ModelParallelStrategy(FSDPStrategy):
     def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, **kwargs) -> None:
         """Under pipeline parallelism the schedule ran the backward when the model was called: nothing to do.
         With a loss-parallel head, the backward runs in torch's ``loss_parallel`` context, as it must."""
-        if self.splits_logits and self.layout.pp == 1:
-            with self.loss_parallel():
-                return super().backward(loss, model, accumulation_steps=accumulation_steps,
-                                        num_items_in_batch=num_items_in_batch, **kwargs)
         if self.layout.pp > 1:
             if num_items_in_batch is not None:
                 raise ValueError("num_items_in_batch does not apply under pipeline parallelism: the loss_fn gives the "
                                  "mean loss of each micro-batch.")
             return
-        super().backward(loss, model, accumulation_steps=accumulation_steps, num_items_in_batch=num_items_in_batch,
-                         **kwargs)
+        with self.loss_parallel() or contextlib.nullcontext():
+            super().backward(loss, model, accumulation_steps=accumulation_steps,
+                             num_items_in_batch=num_items_in_batch, **kwargs)
 
     def unwrap(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
         from ..parallel.pipeline_model import PipelineModel
