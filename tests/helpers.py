@@ -57,3 +57,19 @@ def run_launch(script, *script_args, num_processes: int | None = 2, launch_args=
             f"--- stderr\n{result.stderr[-10000:]}"
         )
     return result
+
+
+def assert_checkpoint_loads_on_one_process(model, checkpoint, weights_file) -> None:
+    """``model`` prepared on this one process loads ``checkpoint`` (written by a multi-process layout) into exactly
+    the weights the launched script saved in ``weights_file``."""
+    import torch
+
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(model)
+    accelerator.load_state(checkpoint)
+    expected = torch.load(weights_file, weights_only=True)
+    loaded = model.state_dict()
+    assert loaded.keys() == expected.keys()
+    assert all(torch.equal(loaded[key], expected[key]) for key in expected)

@@ -9,7 +9,7 @@ import torch
 from hasten import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
 from hasten.parallel.context_parallel import restore_buffers, shard_buffers
 
-from helpers import DISTRIBUTED, run_launch
+from helpers import DISTRIBUTED, assert_checkpoint_loads_on_one_process, run_launch
 
 sys.path.insert(0, str(DISTRIBUTED))
 from check_context_parallel import TinyCausalLM  # noqa: E402
@@ -24,12 +24,7 @@ def test_context_parallel_training_matches_one_process_and_its_checkpoint_loads_
     assert f"ok: {name} matches single-process training" in result.stdout
     if mode == "cp":
         assert "ok: transformers Llama cp=2 matches single-process training" in result.stdout
-    accelerator = Accelerator(cpu=True)
-    model = accelerator.prepare(TinyCausalLM())
-    accelerator.load_state(tmp_path / "cp_checkpoint")
-    expected = torch.load(tmp_path / "cp_weights.pt", weights_only=True)
-    assert model.state_dict().keys() == expected.keys()
-    assert all(torch.equal(model.state_dict()[key], expected[key]) for key in expected)
+    assert_checkpoint_loads_on_one_process(TinyCausalLM(), tmp_path / "cp_checkpoint", tmp_path / "cp_weights.pt")
 
 
 def test_buffers_are_sliced_in_place_and_restored():

@@ -12,7 +12,7 @@ from hasten.parallel import ParallelDims
 from hasten.strategies.megatron_mapping import check_torch_native, megatron_layout
 from hasten.utils import MegatronLMPlugin
 
-from helpers import DISTRIBUTED, run_launch
+from helpers import DISTRIBUTED, assert_checkpoint_loads_on_one_process, run_launch
 from launch_fixtures import no_launch, plan_for, script  # noqa: F401  (fixtures)
 
 sys.path.insert(0, str(DISTRIBUTED))
@@ -33,12 +33,8 @@ def test_tensor_pipeline_and_data_parallel_layouts_match_one_process_and_the_che
     assert "MEGATRON CHECKS PASSED" in result.stdout, result.stdout
     for name in ("tp_degree=2 x distributed optimizer", "tp_degree=2 x dp_replicate=2", "pp_degree=2 x tp_degree=2"):
         assert f"ok: {name}" in result.stdout
-    accelerator = Accelerator(cpu=True)
-    model = accelerator.prepare(TinyGPT())
-    accelerator.load_state(tmp_path / "megatron_checkpoint")
-    expected = torch.load(tmp_path / "megatron_weights.pt", weights_only=True)
-    assert model.state_dict().keys() == expected.keys()
-    assert all(torch.equal(model.state_dict()[key], expected[key]) for key in expected)
+    assert_checkpoint_loads_on_one_process(TinyGPT(), tmp_path / "megatron_checkpoint",
+                                           tmp_path / "megatron_weights.pt")
 
 
 def test_on_one_process_the_plugin_recomputes_and_clips_like_pytorch(clean_megatron_env):

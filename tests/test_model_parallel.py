@@ -12,7 +12,7 @@ from hasten import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfi
 from hasten.parallel.tp_plan import STYLE_NAMES, plan_of, resolve_plan
 from hasten.utils import TorchPipelineParallelConfig, TorchTensorParallelConfig, TorchTensorParallelPlugin
 
-from helpers import DISTRIBUTED, run_launch
+from helpers import DISTRIBUTED, assert_checkpoint_loads_on_one_process, run_launch
 
 sys.path.insert(0, str(DISTRIBUTED))
 from check_model_parallel import TinyGPT  # noqa: E402
@@ -23,14 +23,7 @@ def test_tensor_and_sequence_parallelism_and_a_llama_match_one_process_and_the_c
     assert "MODEL PARALLEL CHECKS PASSED" in result.stdout, result.stdout
     assert "ok: TP=2 with a loss-parallel head matches single-process training" in result.stdout
     # the TP=2 checkpoint (DCP shards) on one process, without tensor parallelism
-    accelerator = Accelerator(cpu=True)
-    model = TinyGPT()
-    model = accelerator.prepare(model)
-    accelerator.load_state(tmp_path / "tp_checkpoint")
-    expected = torch.load(tmp_path / "tp_weights.pt", weights_only=True)
-    loaded = model.state_dict()
-    assert loaded.keys() == expected.keys()
-    assert all(torch.equal(loaded[key], expected[key]) for key in expected)
+    assert_checkpoint_loads_on_one_process(TinyGPT(), tmp_path / "tp_checkpoint", tmp_path / "tp_weights.pt")
 
 
 def test_pipeline_parallelism_trains_like_one_process_alone_with_tp_and_with_fsdp_and_its_checkpoint_loads(tmp_path):
@@ -45,12 +38,7 @@ def test_pipeline_parallelism_trains_like_one_process_alone_with_tp_and_with_fsd
     result = run_launch("check_pipeline_training.py", tmp_path / "3d", "3d", num_processes=8, timeout=400)
     assert "ok: pp=2 x dp_shard=2 x tp=2 1f1b matches single-process training" in result.stdout, result.stdout
     # each rank wrote its stages (DCP): the whole model loads on one process
-    accelerator = Accelerator(cpu=True)
-    model = accelerator.prepare(TinyGPT())
-    accelerator.load_state(tmp_path / "pp_checkpoint")
-    expected = torch.load(tmp_path / "pp_weights.pt", weights_only=True)
-    assert model.state_dict().keys() == expected.keys()
-    assert all(torch.equal(model.state_dict()[key], expected[key]) for key in expected)
+    assert_checkpoint_loads_on_one_process(TinyGPT(), tmp_path / "pp_checkpoint", tmp_path / "pp_weights.pt")
 
 
 def test_pipeline_settings_are_checked_when_made():

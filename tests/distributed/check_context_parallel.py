@@ -23,21 +23,14 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from hasten import Accelerator, ParallelismConfig
-from hasten.utils import TorchTensorParallelConfig, set_seed
+sys.path.insert(0, os.path.dirname(__file__))
+from check_model_parallel import check, expect_error, say  # noqa: E402
+
+from hasten import Accelerator, ParallelismConfig  # noqa: E402
+from hasten.utils import TorchTensorParallelConfig, set_seed  # noqa: E402
 
 VOCAB, WIDTH, HEADS, SEQUENCE, BATCH, STEPS = 32, 16, 2, 8, 4, 12
 TOLERANCE = dict(rtol=1e-4, atol=2e-5)  # fp32: the attention's sums run over gathered keys in another order
-
-
-def say(accelerator, line: str) -> None:
-    if accelerator.is_main_process:
-        os.write(1, (line + "\n").encode())
-
-
-def check(condition: bool, what: str) -> None:
-    if not condition:
-        raise AssertionError(f"[rank {torch.distributed.get_rank()}] {what}")
 
 
 class Attention(nn.Module):
@@ -113,15 +106,6 @@ def reference(model):
         optimizer.zero_grad()
         losses.append(loss.item())
     return losses, model.state_dict()
-
-
-def expect_error(function, *fragments) -> None:
-    try:
-        function()
-    except (ValueError, TypeError) as error:
-        check(all(fragment in str(error) for fragment in fragments), f"the error says {error}")
-        return
-    raise AssertionError(f"expected an error mentioning {fragments}")
 
 
 def check_llama() -> None:
