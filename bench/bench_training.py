@@ -9,35 +9,23 @@ its Accelerator once, as in real use; the variants take turns in every repeat.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-LOCK = Path(os.environ.get("HASTEN_TEST_LOCK", "/tmp/hasten-multiprocess-tests.lock"))
+from worker_launch import launch_worker
+
 SAMPLES, BATCH, REPEATS = 4096, 32, int(os.environ.get("BENCH_REPEATS", 7))
 CONFIGS = {"fp32": ("no", 1), "bf16": ("bf16", 1), "accumulation 4": ("no", 4)}
 
 
 def relaunch(argv) -> list:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
     rows = []
     for label in CONFIGS:
-        out = Path(f"/tmp/hasten-bench-training-{os.getpid()}.json")
-        command = [sys.executable, "-m", "hasten", "launch", "-n", "2", __file__, "--worker", label, str(out)]
-        with open(LOCK, "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            code = subprocess.call(command, env=env)
-        if code != 0:
-            raise SystemExit(f"benchmark worker failed for {label} (exit {code})")
-        rows += json.loads(out.read_text())
-        out.unlink()
+        rows += launch_worker(__file__, label, label=f"training-{label.replace(' ', '-')}")
     print(f"{'benchmark':40} {'variant':11} {'median ms':>10} {'ratio':>7}")
     for row in rows:
         print(f"{row['benchmark']:40} {row['variant']:11} {row['median_s'] * 1e3:10.1f} {row['ratio']:7.3f}")
