@@ -28,7 +28,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from harness import compare, format_table, is_installed  # noqa: E402
+from harness import compare, format_table, is_installed, peak_rss, reset_peak_rss  # noqa: E402
 
 WIDTH, BLOCKS = 2048, 24  # 24 blocks x 2 Linear(2048, 2048): 201M float32 parameters, ~0.8 GB
 
@@ -77,27 +77,6 @@ def write_checkpoint(folder: Path) -> Path:
 
 
 # ------------------------------------------------------------------ child processes (one measurement each)
-def _reset_peak_rss() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")  # resets VmHWM, the peak RSS, to the current RSS
-    except OSError:
-        pass
-
-
-def _peak_rss() -> int:
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def _empty_model(variant: str):
     BigModel = _nn()
     if variant == "accelerate":
@@ -137,12 +116,12 @@ def child(task: str, variant: str, folder: str) -> dict:
     model = _empty_model(variant)
     gc.collect()
     before = psutil.Process().memory_info().rss
-    _reset_peak_rss()
+    reset_peak_rss()
     start = time.perf_counter()
     if task == "load":
         model = _load(variant, model, checkpoint, {"": "cpu"})
         seconds = time.perf_counter() - start
-        loaded_peak = _peak_rss() - before
+        loaded_peak = peak_rss() - before
         touch_start = time.perf_counter()
         with torch.no_grad():  # first use: memory-mapped weights are only read now
             checksum = sum(float(p.double().sum()) for p in model.parameters())
@@ -159,7 +138,7 @@ def child(task: str, variant: str, folder: str) -> dict:
         torch.save(output, os.path.join(folder, f"output-{variant}.pt"))
         shutil.rmtree(offload, ignore_errors=True)
         result = {"seconds": seconds, "load_seconds": forward_start - start}
-    result["peak_growth"] = _peak_rss() - before
+    result["peak_growth"] = peak_rss() - before
     return result
 
 

@@ -32,7 +32,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT / "tests"))
-from harness import compare, format_table, is_installed  # noqa: E402
+from harness import compare, current_rss, format_table, is_installed, peak_rss, reset_peak_rss  # noqa: E402
 from quantization_models import TinyLM, make_model, save_sharded  # noqa: E402  (the tests' model, larger)
 
 WIDTH, BLOCKS, VOCAB, SHARDS = 1024, 6, 1024, 4  # 6 blocks x (1024->4096->1024): ~51M float32 parameters
@@ -46,16 +46,6 @@ def write_checkpoint(folder: Path) -> int:
     save_sharded(model, folder, SHARDS)
     torch.save(torch.randint(0, VOCAB, (2, 16)), folder / "input.pt")
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
-
-
-def _peak_rss() -> int:
-    with open("/proc/self/status") as handle:
-        return next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM:"))
-
-
-def _rss() -> int:
-    with open("/proc/self/status") as handle:
-        return next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmRSS:"))
 
 
 def _by_hand(bits: int, folder: str):
@@ -110,13 +100,12 @@ def child(variant: str, bits: str, folder: str) -> dict:
     elif variant == "accelerate":
         import accelerate.utils  # noqa: F401
 
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")
-    before = _rss()
+    reset_peak_rss()
+    before = current_rss()
     start = time.perf_counter()
     model = _by_hand(bits, folder) if variant == "by hand" else _library(variant, bits, folder)
     seconds = time.perf_counter() - start
-    growth = _peak_rss() - before
+    growth = peak_rss() - before
     model.eval()
     with torch.no_grad():
         output = model(torch.load(os.path.join(folder, "input.pt"))).float()

@@ -108,3 +108,43 @@ def to_markdown(rows: list) -> str:
         lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows if row["benchmark"] == benchmark]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def reset_peak_rss() -> None:
+    """Reset this process's peak resident memory (VmHWM) to the current RSS (Linux; elsewhere nothing happens)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        pass
+
+
+def _status_bytes(field: str):
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes since the start or the last ``reset_peak_rss``."""
+    value = _status_bytes("VmHWM:")
+    if value is None:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return value
+
+
+def current_rss() -> int:
+    """This process's resident memory now, in bytes."""
+    value = _status_bytes("VmRSS:")
+    if value is None:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+    return value
