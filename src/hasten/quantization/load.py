@@ -7,10 +7,8 @@ this module only decides what each tensor becomes.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import sys
 from typing import Optional, Union
 
 import torch
@@ -26,6 +24,7 @@ from ..big_modeling.sizes import get_balanced_memory
 from ..big_modeling.tensor_placement import as_device, set_module_tensor_to_device
 from ..big_modeling.tied import find_tied_parameters, retie_parameters
 from ..config.quantization import BnbQuantizationConfig
+from ..utils.allocator import release_free_heap
 from .backend import import_bnb
 from .checkpoint import plan_checkpoint, split_layer_key
 from .offload import attach_int8_offload_hooks, quantize_and_offload_8bit
@@ -170,14 +169,14 @@ def load_and_quantize_model(
             elif layer is not None and rest == "weight":
                 _place_float_weight(model, layer, tensor, device_map, config, offload_folder, offload_index)
                 del tensor
-                _give_back_freed_memory()  # the float weight and bitsandbytes' temporaries
+                release_free_heap()  # the float weight and bitsandbytes' temporaries
                 continue
             else:
                 _place_other(model, name, tensor, device_map, config, keep, offload_folder, offload_index)
             del tensor
         if isinstance(reader, TorchFile):
             reader.close()
-        _give_back_freed_memory()
+        release_free_heap()
     if pending:
         raise ValueError(f"The checkpoint holds incomplete quantized weights for {sorted(pending)} (missing "
                          "their scales or quantization state).")
@@ -185,17 +184,6 @@ def load_and_quantize_model(
         save_offload_index(offload_index, offload_folder)
     retie_parameters(model, tied)
     return _dispatch(model, device_map, offloaded, offload_folder)
-
-
-def _give_back_freed_memory() -> None:
-    """Return the heap pages freed by a shard's float tensors to the system (glibc keeps them otherwise: the
-    process would grow by about the float model's size while it only holds the quantized one)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (musl ...): nothing to call
-        pass
 
 
 def _complete(parts: dict, config, plan, layer) -> bool:
