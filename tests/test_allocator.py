@@ -1,7 +1,7 @@
 """utils/allocator.py: glibc's mmap threshold for sharded CPU training, unless the user chose a policy."""
 import pytest
 
-from hasten.utils import allocator
+from hasten.core import allocator
 
 
 def test_the_threshold_is_set_when_nobody_chose_one(monkeypatch):

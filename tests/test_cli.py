@@ -145,7 +145,8 @@ def test_settings_not_given_are_not_exported(script):
 def test_exported_settings_read_back_through_the_precedence_rule(script):
     from hasten.config.enums import PrecisionType
     from hasten.config.resolution import resolve
-    from hasten.utils.environment import is_debug_mode, parse_flag_from_env, patch_environment
+    from hasten.core.environment import is_debug_mode
+    from hasten.core.env_vars import parse_flag_from_env, patch_environment
 
     plan = plan_for(["-n", "2", "--mixed_precision", "fp16", "--cpu", "--debug", script])
     with patch_environment(**plan.env):

@@ -202,3 +202,67 @@ def test_no_module_name_starts_with_an_underscore():
             hidden.append(str(relative))
     assert not hidden, (f"Modules whose name starts with an underscore: {hidden}. Give them a plain name: other "
                         "modules import them, and the package's __all__ / export table already says what is public.")
+
+
+# ----------------------------------------------------------------------------- floors
+# The rooms of the package, lowest floor first. A module imports its own room, rooms on its floor and rooms below,
+# never a room above: what two rooms share lives on the lower one. The faces (Accelerate's import paths, which only
+# re-export) sit above every floor.
+FLOORS = (
+    ("core",),
+    ("config",),
+    ("state", "logging"),
+    ("parallel", "collectives", "progress"),
+    ("precision", "data", "big_modeling", "compile", "optimizer", "scheduler", "tracking", "checkpointing",
+     "local_sgd"),
+    ("quantization", "strategies"),
+    ("accumulation", "evaluation", "inference", "accelerator"),
+    ("commands", "launchers", "test_utils"),
+)
+FACES = ("utils", "data_loader", "hooks", "memory_utils", "parallelism_config", "__main__", "")
+
+
+def room_of(module: str) -> str:
+    """``hasten.strategies.fsdp.fsdp2`` -> ``strategies``; the package itself -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def floor_of(room: str):
+    for floor, rooms in enumerate(FLOORS):
+        if room in rooms:
+            return floor
+    return None
+
+
+def upward_imports(graph: dict) -> list:
+    found = []
+    for module, edges in graph.items():
+        room = room_of(module)
+        if room in FACES:
+            continue
+        for target, line in edges.items():
+            other = room_of(target)
+            if other == room:
+                continue
+            if other in FACES or floor_of(other) > floor_of(room):
+                found.append(f"{module} (line {line}) -> {target}")
+    return found
+
+
+def test_every_room_has_a_floor():
+    rooms = {room_of(module) for module in import_graph()}
+    unplaced = sorted(room for room in rooms if room not in FACES and floor_of(room) is None)
+    assert not unplaced, f"Rooms without a floor in FLOORS: {unplaced}"
+
+
+def test_no_import_runs_up_a_floor():
+    found = upward_imports(within(import_graph(), PACKAGE))
+    assert not found, ("Imports from a lower floor to a higher one (or into a face): " + "; ".join(found) +
+                       ". Move what both need to the lower room, or pass it in.")
+
+
+def test_no_import_cycle_anywhere():
+    graph = within(import_graph(), PACKAGE)
+    found = cycles(graph)
+    assert not found, "Import cycles: " + " | ".join(describe(c, graph) for c in found)

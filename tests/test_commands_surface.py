@@ -17,7 +17,7 @@ import yaml
 from helpers import ROOT, clean_env
 from hasten.commands import cli
 from hasten.commands.errors import CommandError
-from hasten.utils.planned import NotYetSupportedError
+from hasten.core.planned import NotYetSupportedError
 
 # (module, the names it must define): the reference's layout, checked here without the reference installed
 SURFACE = {
@@ -404,7 +404,7 @@ def test_transformers_folders_never_run_their_modeling_code_by_default(tmp_path,
 
     fake.AutoConfig, fake.AutoModel = AutoConfig, AutoModel
     monkeypatch.setitem(sys.modules, "transformers", fake)
-    monkeypatch.setattr("hasten.utils.imports.require_extra", lambda module, feature=None: fake)
+    monkeypatch.setattr("hasten.core.imports.require_extra", lambda module, feature=None: fake)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["CustomModel"],
                                                       "auto_map": {"AutoModel": "modeling_custom.CustomModel"}}))
     estimate.create_empty_model(str(tmp_path))

@@ -241,7 +241,7 @@ def test_slice_fn_must_be_callable():
 
 
 def test_stateful_loader_without_torchdata(monkeypatch):
-    import hasten.utils.imports as imports
+    import hasten.core.imports as imports
 
     found = imports._found
     monkeypatch.setattr(imports, "_found", lambda module: False if module.startswith("torchdata") else found(module))

@@ -13,7 +13,7 @@ from hasten import Accelerator
 from hasten.big_modeling import init_empty_weights
 from hasten.config.dynamo import TorchDynamoPlugin
 from hasten.config.enums import DynamoBackend
-from hasten.config.env_aliases import (
+from hasten.core.env_aliases import (
     ConfigConflictError,
     EnvAliasConflictError,
     get_flag_setting,
@@ -26,7 +26,7 @@ from hasten.config.resolution import ConfigConflictError as ResolutionConflictEr
 from hasten.config.resolution import resolve
 from hasten.logging import get_logger
 from hasten.state import AcceleratorState, GradientState, PartialState
-from hasten.utils.environment import is_debug_mode
+from hasten.core.environment import is_debug_mode
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "hasten"
 

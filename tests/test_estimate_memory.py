@@ -126,7 +126,7 @@ def test_transformers_configs_are_built_on_meta(tmp_path, monkeypatch, capsys):
 
     fake.AutoConfig, fake.TinyForCausalLM = AutoConfig, TinyForCausalLM
     monkeypatch.setitem(sys.modules, "transformers", fake)
-    monkeypatch.setattr("hasten.utils.imports.require_extra", lambda module, feature=None: fake)
+    monkeypatch.setattr("hasten.core.imports.require_extra", lambda module, feature=None: fake)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["TinyForCausalLM"], "model_type": "tiny"}))
     report = _run_json(capsys, str(tmp_path))
     assert report["parameters"] == 6 * 6 + 6
@@ -135,7 +135,7 @@ def test_transformers_configs_are_built_on_meta(tmp_path, monkeypatch, capsys):
 def test_transformers_config_without_transformers_names_the_package(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
-    from hasten.utils import imports
+    from hasten.core import imports
 
     monkeypatch.setattr(imports, "_found", lambda module: False)
     with pytest.raises(CommandError, match="pip install transformers"):

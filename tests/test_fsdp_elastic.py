@@ -47,7 +47,7 @@ def _listening_pid(port: int):
 
 
 def test_killing_one_machine_of_an_elastic_fsdp_job_continues_on_fewer_processes(tmp_path):
-    from hasten.utils.network import find_free_port
+    from hasten.core.network import find_free_port
 
     env = {k: v for k, v in clean_env(HASTEN_CONFIG_HOME=str(tmp_path / "none")).items() if not k.startswith("SLURM_")}
     port = find_free_port()

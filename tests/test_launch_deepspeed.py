@@ -18,7 +18,7 @@ from hasten.commands.errors import CommandError
 from hasten.commands.launch import launch_command_parser, load_launch_config
 from hasten.commands.launch_deepspeed import DeepSpeedRunner, env_file_text
 from hasten.commands.launch_plan import RUNNER_MODULE, build_plan
-from hasten.utils.environment import patch_environment
+from hasten.core.env_vars import patch_environment
 
 
 @pytest.fixture
@@ -356,7 +356,7 @@ def test_each_rank_receives_the_deepspeed_settings():
 
 def test_deepspeeds_runner_starts_this_machines_share_of_the_job(tmp_path):
     """The real runner, with the nossh launcher (no ssh, no pdsh): machine 0 of two starts its one rank."""
-    from hasten.utils.network import find_free_port
+    from hasten.core.network import find_free_port
 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")

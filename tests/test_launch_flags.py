@@ -11,7 +11,7 @@ from hasten.commands import launch as launch_command
 from hasten.commands.launch_options import BACKEND_GROUPS
 from hasten.commands.launch_plan import build_plan
 from hasten.commands.launch import launch_command_parser
-from hasten.utils.planned import NotYetSupportedError
+from hasten.core.planned import NotYetSupportedError
 
 from launch_fixtures import no_launch, script  # noqa: F401 - pytest fixtures
 

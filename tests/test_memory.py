@@ -4,7 +4,7 @@ import weakref
 import pytest
 import torch
 
-import hasten.utils.memory as memory
+import hasten.core.memory as memory
 from hasten.utils import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size
 
 OUT_OF_MEMORY = [

@@ -181,7 +181,7 @@ def test_bad_machine_ranges_are_explained(script, argv, message):
 
 def test_a_real_elastic_job_of_two_agents_on_this_machine(tmp_path):
     """`--num_machines 1:2 -n 2` started twice here: the c10d rendezvous admits both, 2 processes in all."""
-    from hasten.utils.network import find_free_port
+    from hasten.core.network import find_free_port
 
     script = tmp_path / "ranks.py"
     script.write_text(textwrap.dedent("""

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import hasten.utils.numa as numa
+import hasten.core.numa as numa
 from hasten.utils import override_numa_affinity, set_numa_affinity
-from hasten.utils.numa import NumaUnavailableError, parse_cpu_list
+from hasten.core.numa import NumaUnavailableError, parse_cpu_list
 
 
 def fake_sysfs(root, nodes, gpus=None):
@@ -127,7 +127,7 @@ def test_bad_index(pinned, bad):
 
 def test_verbose_logs_the_assignment(pinned, tmp_path, caplog, monkeypatch):
     fake_sysfs(tmp_path, {0: "0-1"})
-    with caplog.at_level(logging.INFO, logger="hasten.utils.numa"):
+    with caplog.at_level(logging.INFO, logger="hasten.core.numa"):
         override_numa_affinity(0, verbose=False)
         assert caplog.records == []
         override_numa_affinity(0, verbose=True)

@@ -27,7 +27,7 @@ from hasten import inference
 from hasten.config.resolution import ConfigConflictError
 from hasten.utils import ao, bnb, deepspeed, fsdp_utils, megatron_lm, transformer_engine
 from hasten.utils import dataclasses as hdc
-from hasten.utils.planned import NotYetSupportedError
+from hasten.core.planned import NotYetSupportedError
 
 PLANNED_DATACLASSES = [
     "DeepSpeedPlugin", "FullyShardedDataParallelPlugin", "MegatronLMPlugin", "TorchTensorParallelPlugin",
@@ -413,7 +413,7 @@ def test_convert_model_to_fp8_ao_keeps_the_first_and_last_layers():
 
 
 def test_convert_model_to_fp8_ao_without_torchao_names_the_package(monkeypatch):
-    from hasten.utils import imports
+    from hasten.core import imports
 
     for name in [name for name in sys.modules if name == "torchao" or name.startswith("torchao.")]:
         monkeypatch.delitem(sys.modules, name)

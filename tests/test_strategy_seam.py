@@ -16,7 +16,7 @@ from hasten.checkpointing.checkpoint_io import FullStateCheckpointIO
 from hasten.checkpointing.targets import CheckpointTargets
 from hasten.precision import get_mixed_precision_context_manager
 from hasten.strategies import SingleDeviceStrategy
-from hasten.utils.planned import NotYetSupportedError
+from hasten.core.planned import NotYetSupportedError
 
 from helpers import run_launch
 

@@ -106,7 +106,7 @@ def test_transformers_architectures_name_only_model_classes(tmp_path, monkeypatc
     fake.AutoConfig, fake.AutoModel = AutoConfig, AutoModel
     fake.launch_rockets = lambda *args, **kwargs: called.append(args)
     monkeypatch.setitem(sys.modules, "transformers", fake)
-    monkeypatch.setattr("hasten.utils.imports.require_extra", lambda module, feature=None: fake)
+    monkeypatch.setattr("hasten.core.imports.require_extra", lambda module, feature=None: fake)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["launch_rockets"], "model_type": "x"}))
     assert _run_json(capsys, str(tmp_path))["parameters"] == 3 * 3 + 3
     assert called == []

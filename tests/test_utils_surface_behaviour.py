@@ -25,7 +25,7 @@ from helpers import clean_env, run_launch
 
 # ----------------------------------------------------------------------------- imports
 def test_package_checks_follow_what_is_installed():
-    from hasten.utils import imports
+    from hasten.core import imports
 
     assert utils.is_pytest_available() and utils.is_tqdm_available() and imports.is_numpy_available()
     for check, module in ((utils.is_torchvision_available, "torchvision"), (utils.is_pandas_available, "pandas"),
@@ -38,7 +38,7 @@ def test_package_checks_follow_what_is_installed():
 
 
 def test_a_folder_named_like_a_package_is_not_the_package(tmp_path, monkeypatch):
-    from hasten.utils import imports
+    from hasten.core import imports
 
     (tmp_path / "hasten_fake_pkg_7f3a").mkdir()
     (tmp_path / "hasten_fake_pkg_7f3a" / "__init__.py").write_text("")
@@ -65,7 +65,7 @@ def test_device_checks_ask_torch():
 
 
 def test_rich_is_available_only_when_asked(monkeypatch):
-    from hasten.utils import imports
+    from hasten.core import imports
 
     monkeypatch.delenv("ACCELERATE_ENABLE_RICH", raising=False)
     monkeypatch.delenv("HASTEN_ENABLE_RICH", raising=False)
@@ -108,7 +108,7 @@ def test_importing_the_light_modules_does_not_import_torch():
 # ----------------------------------------------------------------------------- constants and versions
 def test_constants_and_their_uses():
     from hasten.checkpointing import layout
-    from hasten.utils import constants, versions
+    from hasten.core import constants, versions
 
     assert (utils.SAFE_WEIGHTS_NAME, utils.WEIGHTS_NAME, utils.WEIGHTS_INDEX_NAME) == (
         "model.safetensors", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -118,7 +118,7 @@ def test_constants_and_their_uses():
     assert "MULTI_CPU" in utils.TORCH_DISTRIBUTED_OPERATION_TYPES and "nproc_per_node" in utils.TORCH_LAUNCH_PARAMS
     assert str(versions.torch_version) == importlib.metadata.version("torch")
     from hasten.utils.torch_xla import install_xla
-    from hasten.utils.xla import install_xla as home
+    from hasten.core.xla import install_xla as home
 
     assert install_xla is home
 
@@ -222,7 +222,7 @@ def fake_nvidia_smi(tmp_path, monkeypatch):
 
 
 def test_gpu_queries_read_nvidia_smi(fake_nvidia_smi):
-    from hasten.utils.environment import get_driver_version
+    from hasten.core.hardware import get_driver_version
 
     fake_nvidia_smi("NVIDIA GeForce RTX 4090;535.10.01;8.9", "NVIDIA GeForce RTX 4090;535.10.01;8.9")
     assert utils.get_gpu_info() == (["NVIDIA GeForce RTX 4090"] * 2, 2)

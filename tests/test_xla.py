@@ -5,9 +5,9 @@ import pytest
 import torch
 from packaging.version import Version
 
-import hasten.utils.xla as xla
+import hasten.core.xla as xla
 from hasten.utils import install_xla
-from hasten.utils.xla import xla_install_command
+from hasten.core.xla import xla_install_command
 
 LIBTPU = "https://storage.googleapis.com/libtpu-releases/index.html"
 

@@ -3,7 +3,7 @@
 The public names match Hugging Face Accelerate's, so ``from accelerate import X`` becomes
 ``from hasten import X``. Names are imported lazily from the module that defines them.
 """
-from .utils.lazy import build_table, lazy_exports
+from .core.lazy import build_table, lazy_exports
 
 __version__ = "0.1.0"
 
@@ -18,8 +18,8 @@ _EXPORTS = build_table({
     "hasten.utils.operations": ["gather", "gather_object", "broadcast", "broadcast_object_list", "reduce",
                                 "pad_across_processes", "send_to_device"],
     "hasten.utils.random": ["set_seed", "synchronize_rng_states"],
-    "hasten.utils.memory": ["find_executable_batch_size"],
-    "hasten.utils.imports": ["is_rich_available"],
+    "hasten.core.memory": ["find_executable_batch_size"],
+    "hasten.core.imports": ["is_rich_available"],
     "hasten.logging": ["get_logger"],
     "hasten.launchers": ["notebook_launcher", "debug_launcher"],
     "hasten.checkpointing": ["auto_resume"],

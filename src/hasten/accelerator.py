@@ -34,7 +34,7 @@ from .strategies import select_strategy
 from .utils.deepspeed import (  # noqa: F401 - Accelerate's names in this module, as with deepspeed installed
     DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper, DummyOptim, DummyScheduler)
 from .utils import operations
-from .utils.memory import release_memory
+from .core.memory import release_memory
 from .utils.serialization import save as _save
 
 __all__ = ["Accelerator"]
@@ -826,7 +826,7 @@ class Accelerator:
     def find_executable_batch_size(self, function: Callable = None, starting_batch_size: int = 128,
                                    reduce_batch_size_fn: Callable = None):
         """``find_executable_batch_size`` that also frees this Accelerator's prepared objects before each retry."""
-        from .utils.memory import find_executable_batch_size
+        from .core.memory import find_executable_batch_size
 
         if function is None:
             return functools.partial(self.find_executable_batch_size, starting_batch_size=starting_batch_size,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Union
 
-from .utils.planned import not_yet_supported
+from .core.planned import not_yet_supported
 
 __all__ = ["generate_device_map", "find_pippy_batch_size", "build_pipeline", "pippy_forward", "prepare_pippy"]
 

@@ -10,8 +10,8 @@ import sys
 from typing import Callable
 
 from .config.enums import PrecisionType
-from .utils.environment import env_name, patch_environment
-from .utils.network import find_free_port, is_port_in_use
+from .core.env_vars import env_name, patch_environment
+from .core.network import find_free_port, is_port_in_use
 
 __all__ = ["notebook_launcher", "debug_launcher", "test_launch"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from .config.env_aliases import get_setting
+from .core.env_aliases import get_setting
 from .state import PartialState
 
 __all__ = ["get_logger", "MultiProcessAdapter"]

@@ -4,7 +4,7 @@ Importing it warns (as the reference does) and still gives the two names it used
 """
 import warnings
 
-from .utils.memory import find_executable_batch_size, release_memory
+from .core.memory import find_executable_batch_size, release_memory
 
 __all__ = ["find_executable_batch_size", "release_memory"]
 

@@ -162,7 +162,7 @@ def _warn_once(message: str) -> None:
 
 
 def _check_fp8_available(device: torch.device) -> None:
-    from .utils.imports import is_torchao_available
+    from .core.imports import is_torchao_available
 
     if not is_torchao_available():
         raise ImportError("mixed_precision='fp8' trains through torchao, which is not installed: pip install 'hasten[fp8]' "

@@ -20,10 +20,11 @@ import torch
 import torch.distributed as dist
 
 from .config.enums import DistributedType, PrecisionType
-from .config.env_aliases import get_flag_setting, get_setting
+from .core.env_aliases import get_flag_setting, get_setting
 from .config.resolution import resolve
-from .utils.environment import get_int_from_env, is_debug_mode, parse_flag_from_env
-from .utils.imports import is_torch_xla_available
+from .core.env_vars import get_int_from_env, parse_flag_from_env
+from .core.environment import is_debug_mode
+from .core.imports import is_torch_xla_available
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized", "SharedDict",
            "ThreadLocalSharedDict", "do_nothing"]
@@ -193,7 +194,7 @@ class PartialState:
             self.device = torch.device(device_type, self.local_process_index)
             getattr(torch, device_type).set_device(self.device)
             if get_flag_setting("cpu_affinity"):  # hasten launch --enable_cpu_affinity
-                from .utils.numa import set_numa_affinity
+                from .core.numa import set_numa_affinity
 
                 set_numa_affinity(self.local_process_index)
 

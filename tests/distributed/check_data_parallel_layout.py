@@ -27,7 +27,7 @@ from hasten.checkpointing.checkpoint_io import FullStateCheckpointIO
 from hasten.parallel import ParallelDims
 from hasten.state import AcceleratorState
 from hasten.strategies import DDPStrategy
-from hasten.utils.planned import NotYetSupportedError
+from hasten.core.planned import NotYetSupportedError
 
 
 def check(condition: bool, what: str) -> None:

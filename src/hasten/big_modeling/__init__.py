@@ -2,7 +2,7 @@
 
 The names match ``accelerate.big_modeling`` and ``accelerate.utils``; each is imported on first use.
 """
-from ..utils.lazy import build_table, lazy_exports
+from ..core.lazy import build_table, lazy_exports
 
 _EXPORTS = build_table({
     "hasten.big_modeling.init_context": ["init_empty_weights", "init_on_device"],

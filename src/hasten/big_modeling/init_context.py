@@ -9,7 +9,7 @@ from typing import Optional, Union
 import torch
 import torch.nn as nn
 
-from ..config.env_aliases import get_flag_setting
+from ..core.env_aliases import get_flag_setting
 
 __all__ = ["init_empty_weights", "init_on_device"]
 

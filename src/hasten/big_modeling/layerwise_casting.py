@@ -17,7 +17,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from ..utils.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+from ..core.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from .hooks import ModelHook, add_hook_to_module
 
 __all__ = ["LayerwiseCastingHook", "attach_layerwise_casting_hooks"]

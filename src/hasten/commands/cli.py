@@ -10,7 +10,7 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
-from ..utils.planned import NotYetSupportedError
+from ..core.planned import NotYetSupportedError
 from .errors import CommandError
 from .utils import CustomArgumentParser
 

@@ -123,7 +123,7 @@ def create_empty_model(model_name: str, library_name=None, trust_remote_code: bo
 
 def _from_timm(name: str, kwargs: dict):
     from hasten.big_modeling import init_empty_weights
-    from hasten.utils.imports import require_extra
+    from hasten.core.imports import require_extra
 
     try:
         timm = require_extra("timm", "Building a timm model")
@@ -227,7 +227,7 @@ def _from_transformers_config(path: str, config: dict, kwargs: dict, trust_remot
     import torch.nn as nn
 
     from hasten.big_modeling import init_empty_weights
-    from hasten.utils.imports import require_extra
+    from hasten.core.imports import require_extra
 
     try:
         transformers = require_extra("transformers", "Reading a Transformers config")
@@ -371,7 +371,7 @@ def add_timm_hub_prefix(model_name: str) -> str:
 def verify_on_hub(repo: str, token=None):
     """The Hub's model info for ``repo``, ``"gated"`` or ``"repo"`` (not found). Needs ``huggingface_hub``;
     ``hasten estimate-memory`` itself never contacts the Hub."""
-    from hasten.utils.imports import require_extra
+    from hasten.core.imports import require_extra
 
     hub = require_extra("huggingface_hub", "Looking a model up on the Hugging Face Hub")
     from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError

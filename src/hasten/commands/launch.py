@@ -165,7 +165,7 @@ def execute(plan: LaunchPlan) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from ..utils.environment import patch_environment
+    from ..core.env_vars import patch_environment
 
     class JobFailed(ChildFailedError):
         """torch's failure summary, naming the user's program and the real root cause."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
-from ..utils.environment import env_name, str_to_bool
+from ..core.env_vars import env_name, str_to_bool
 from .errors import CommandError
 
 __all__ = ["ZERO_STAGES", "OFFLOAD_DEVICES", "MULTINODE_LAUNCHERS", "RUNNER", "INSTALL_HINT", "PLUGIN_SETTINGS",

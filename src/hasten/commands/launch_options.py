@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from ..utils.environment import env_name
-from ..utils.planned import NotYetSupportedError, not_yet_supported
+from ..core.env_vars import env_name
+from ..core.planned import NotYetSupportedError, not_yet_supported
 from .errors import CommandError
 
 __all__ = ["Option", "BackendGroup", "BACKEND_GROUPS", "add_backend_options", "given_backend_options", "section_env",

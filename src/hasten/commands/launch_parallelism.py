@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from ..config.config_file import PARALLELISM_KEYS
-from ..utils.environment import env_name
+from ..core.env_vars import env_name
 from .errors import CommandError
 from .launch_options import Option
 

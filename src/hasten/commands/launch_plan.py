@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from ..config.enums import DistributedType, DynamoBackend, PrecisionType
-from ..utils.environment import env_name, str_to_bool
+from ..core.env_vars import env_name, str_to_bool
 from .errors import CommandError
 from .launch_deepspeed import DeepSpeedRunner, resolve_deepspeed, runner_command, uses_runner
 from .launch_options import backend_env, backend_not_yet_supported, given_backend_options, section_env
@@ -527,7 +527,7 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
     """
     environ = os.environ if environ is None else environ
     if find_free_port is None or is_port_in_use is None:
-        from ..utils import network
+        from ..core import network
 
         find_free_port = find_free_port or network.find_free_port
         is_port_in_use = is_port_in_use or network.is_port_in_use

@@ -85,7 +85,7 @@ def _add_precise_time(path, when: float) -> None:
 def end_with_the_launcher() -> None:
     """Linux: SIGTERM for this worker when the launcher dies (see ``parent_watch``)."""
     from hasten.commands.parent_watch import LAUNCHER_PID_ENV, end_with_parent
-    from hasten.config.env_aliases import get_setting
+    from hasten.core.env_aliases import get_setting
 
     expected = str(get_setting(LAUNCHER_PID_ENV, ""))
     end_with_parent(int(expected) if expected.isdigit() else None)

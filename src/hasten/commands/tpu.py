@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..utils.planned import not_yet_supported
+from ..core.planned import not_yet_supported
 from .flags import add_flag
 from .utils import command_parser
 

@@ -14,7 +14,7 @@ from typing import Optional
 from .accumulation import GradientAccumulationPlugin
 from .booleans import parse_bool
 from .dynamo import TorchDynamoPlugin
-from .env_aliases import get_setting, setting_is_set
+from ..core.env_aliases import get_setting, setting_is_set
 from .enums import PrecisionType, RNGType
 from .kwargs import KwargsHandler
 from .project import ProjectConfiguration

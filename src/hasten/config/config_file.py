@@ -17,7 +17,7 @@ import yaml
 
 from .booleans import ACCEPTED_WORDS, parse_bool
 from .enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType
-from .env_aliases import get_setting
+from ..core.env_aliases import get_setting
 
 __all__ = ["default_config_file", "default_config_path", "write_basic_config", "load_config_file",
            "normalize_config", "CONFIG_HOME_ENV", "CONFIG_FILE_NAME", "PARALLELISM_KEYS"]

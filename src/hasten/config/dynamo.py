@@ -7,7 +7,7 @@ from typing import Optional
 
 from .booleans import parse_bool
 from .enums import DynamoBackend
-from .env_aliases import get_flag_setting
+from ..core.env_aliases import get_flag_setting
 from .resolution import resolve
 
 __all__ = ["TorchDynamoPlugin"]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from ..utils.constants import (  # the names Accelerate's configs use; position + 1 is the torch enum's value
+from ..core.constants import (  # the names Accelerate's configs use; position + 1 is the torch enum's value
     FSDP_AUTO_WRAP_POLICY,
     FSDP_BACKWARD_PREFETCH,
     FSDP_SHARDING_STRATEGY,

@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..utils.planned import not_yet_supported
+from ..core.planned import not_yet_supported
 from .env_fields import as_bool, as_choice, as_float, as_int
 from .resolution import resolve
 

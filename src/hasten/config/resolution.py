@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from .env_aliases import HASTEN_PREFIX, ConfigConflictError, read_setting
+from ..core.env_aliases import HASTEN_PREFIX, ConfigConflictError, read_setting
 
 __all__ = ["ConfigConflictError", "Source", "resolve"]
 

@@ -17,7 +17,7 @@ import inspect
 
 from torch.utils.data import IterDataPipe
 
-from ..utils.imports import require_extra
+from ..core.imports import require_extra
 from .batch_shard import BatchSamplerShard
 
 __all__ = ["stateful_dataloader_class", "stateful_variant", "drop_unsupported_kwargs", "is_torchdata_state",

@@ -12,7 +12,7 @@ import os
 from typing import Mapping, Optional
 
 from ..config.booleans import parse_bool
-from ..config.env_aliases import ConfigConflictError, read_setting
+from ..core.env_aliases import ConfigConflictError, read_setting
 from ..config.env_fields import as_int
 from ..config.parallelism import SIZE_FIELDS, ParallelismConfig
 

@@ -24,7 +24,7 @@ from ..big_modeling.sizes import get_balanced_memory
 from ..big_modeling.tensor_placement import as_device, set_module_tensor_to_device
 from ..big_modeling.tied import find_tied_parameters, retie_parameters
 from ..config.quantization import BnbQuantizationConfig
-from ..utils.allocator import release_free_heap
+from ..core.allocator import release_free_heap
 from .backend import import_bnb
 from .checkpoint import plan_checkpoint, split_layer_key
 from .offload import attach_int8_offload_hooks, quantize_and_offload_8bit

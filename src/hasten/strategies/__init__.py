@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..config.enums import DistributedType
-from ..utils.planned import not_yet_supported
+from ..core.planned import not_yet_supported
 from .base import Strategy
 from .ddp import DDPStrategy
 from .single import SingleDeviceStrategy
@@ -89,7 +89,7 @@ def _megatron(state, kwargs_handlers, dims, plugin=None) -> Strategy:
 
 
 def _env_selects(switch: str) -> bool:
-    from ..config.env_aliases import get_flag_setting
+    from ..core.env_aliases import get_flag_setting
 
     return get_flag_setting(switch)
 
@@ -115,7 +115,7 @@ _MEANWHILE = "remove it to train with DDP (several processes) or on a single dev
 def requested_backend(plugins: dict) -> Optional[tuple]:
     """``(backend, how it was asked for)`` for the first backend a plugin argument or the launcher's environment
     selects, else None."""
-    from ..config.env_aliases import setting_variables
+    from ..core.env_aliases import setting_variables
 
     given = [backend for backend in _BACKENDS if plugins.get(backend.plugin) is not None]
     if len(given) > 1:

@@ -477,9 +477,26 @@ def _parameter_names(model: nn.Module, optimizer) -> list:
 
 def _single_process_environment() -> None:
     """DeepSpeed needs a process group even on one process: a local one, as torchrun would describe it."""
-    from ..utils.network import find_free_port
+    from ..core.network import find_free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(find_free_port()))
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
         os.environ.setdefault(key, value)
+
+
+def deepspeed_required(func):
+    """Decorator: ``func`` raises ValueError when an Accelerator exists that is not configured for DeepSpeed."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        from ..state import AcceleratorState
+
+        if AcceleratorState._shared_state and AcceleratorState().distributed_type != DistributedType.DEEPSPEED:
+            raise ValueError(
+                f"{func.__qualname__} needs DeepSpeed, but the Accelerator is configured for "
+                f"{AcceleratorState().distributed_type}: create it with a DeepSpeedPlugin first."
+            )
+        return func(*args, **kwargs)
+
+    return wrapper

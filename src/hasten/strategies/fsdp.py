@@ -67,7 +67,7 @@ class FSDPStrategy(Strategy):
         self.state.distributed_type = DistributedType.FSDP  # what scripts check (AcceleratorState only)
         self.state.fsdp_plugin = self.plugin
         if self.state.device.type == "cpu":  # freed shard buffers go back to the system (utils/allocator.py)
-            from ..utils.allocator import limit_heap_retention
+            from ..core.allocator import limit_heap_retention
 
             limit_heap_retention()
 

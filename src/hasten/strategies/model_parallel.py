@@ -42,7 +42,7 @@ class ModelParallelStrategy(FSDPStrategy):
     needs_model_parallel_layout = True  # a layout with tp or pp > 1 (a subclass may run data parallelism alone)
 
     def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None, tp_plan=None, pp_config=None):
-        from ..utils.planned import not_yet_supported
+        from ..core.planned import not_yet_supported
 
         if self.needs_model_parallel_layout and (dims is None or (dims.tp == 1 and dims.pp == 1)):
             raise ValueError("ModelParallelStrategy needs a layout with tp_size or pp_size > 1: "

@@ -26,9 +26,9 @@ from unittest import mock
 
 import torch
 
-from ..utils import imports as _imports
-from ..utils.environment import str_to_bool
-from ..utils.versions import compare_versions, is_torch_version
+from ..core import imports as _imports
+from ..core.env_vars import str_to_bool
+from ..core.versions import compare_versions, is_torch_version
 
 __all__ = [
     "get_backend", "torch_device", "device_count", "memory_allocated_func", "get_launch_command",

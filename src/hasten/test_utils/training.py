@@ -58,7 +58,7 @@ _MRPC_FILES = {"train": "tests/test_samples/MRPC/train.csv", "validation": "test
 
 def _hf_suite(feature: str):
     """``(datasets.load_dataset, transformers.AutoTokenizer)``, or ImportError naming what to install."""
-    from ..utils.imports import require_extra
+    from ..core.imports import require_extra
 
     datasets = require_extra("datasets", feature)
     transformers = require_extra("transformers", feature)

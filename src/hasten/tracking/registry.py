@@ -7,7 +7,7 @@ import warnings
 from typing import Optional, Union
 
 from ..config.enums import LoggerType
-from ..utils import imports
+from ..core import imports
 from .aim import AimTracker
 from .base import GeneralTracker
 from .clearml import ClearMLTracker

@@ -1,17 +1,17 @@
 """Accelerate's ``utils`` names, each re-exported lazily from the module that defines it."""
-from .lazy import build_table, lazy_exports
+from ..core.lazy import build_table, lazy_exports
 
 _EXPORTS = build_table({
     "hasten.config.enums": ["DistributedType", "RNGType", "PrecisionType", "DynamoBackend", "ComputeEnvironment",
                             "LoggerType"],
     "hasten.config.config_file": ["write_basic_config", "default_config_file", "load_config_file"],
-    "hasten.utils.environment": ["str_to_bool", "parse_flag_from_env", "parse_choice_from_env", "get_int_from_env",
+    "hasten.core.environment": ["str_to_bool", "parse_flag_from_env", "parse_choice_from_env", "get_int_from_env",
                                  "patch_environment", "clear_environment", "is_debug_mode",
                                  "purge_accelerate_environment", "convert_dict_to_env_variables",
                                  "are_libraries_initialized"],
-    "hasten.utils.hardware": ["get_current_device_type", "get_gpu_info", "check_cuda_p2p_ib_support",
+    "hasten.core.hardware": ["get_current_device_type", "get_gpu_info", "check_cuda_p2p_ib_support",
                               "check_cuda_fp8_capability", "get_cpu_distributed_information", "CPUInformation"],
-    "hasten.utils.constants": [
+    "hasten.core.constants": [
         "MODEL_NAME", "SAFE_MODEL_NAME", "OPTIMIZER_NAME", "SCHEDULER_NAME", "SAMPLER_NAME", "SCALER_NAME",
         "RNG_STATE_NAME", "PROFILE_PATTERN_NAME", "WEIGHTS_NAME", "WEIGHTS_PATTERN_NAME", "WEIGHTS_INDEX_NAME",
         "SAFE_WEIGHTS_NAME", "SAFE_WEIGHTS_PATTERN_NAME", "SAFE_WEIGHTS_INDEX_NAME", "TORCH_LAUNCH_PARAMS",
@@ -28,10 +28,10 @@ _EXPORTS = build_table({
     ],
     "hasten.utils.pipeline_io": ["copy_tensor_to_devices", "pad_input_tensors"],
     "hasten.precision": ["get_grad_scaler", "get_mixed_precision_context_manager"],
-    "hasten.utils.versions": ["compare_versions", "is_torch_version"],
+    "hasten.core.versions": ["compare_versions", "is_torch_version"],
     "hasten.utils.random": ["set_seed", "synchronize_rng_states", "synchronize_rng_state"],
     "hasten.utils.serialization": ["save", "load"],
-    "hasten.utils.memory": ["find_executable_batch_size", "release_memory", "clear_device_cache",
+    "hasten.core.memory": ["find_executable_batch_size", "release_memory", "clear_device_cache",
                             "should_reduce_batch_size"],
     "hasten.utils.modeling": ["extract_model_from_parallel", "get_module_children_bottom_up", "is_peft_model",
                               "id_tensor_storage", "check_tied_parameters_in_config",
@@ -41,16 +41,16 @@ _EXPORTS = build_table({
                            "compile_regions_fsdp2", "model_has_dtensor", "get_model_tp_size", "wait_for_everyone",
                            "clean_state_dict_for_safetensors", "get_pretty_name", "merge_dicts", "convert_bytes",
                            "check_os_kernel", "recursive_getattr", "is_port_in_use"],
-    "hasten.utils.numa": ["set_numa_affinity", "override_numa_affinity", "NumaUnavailableError"],
-    "hasten.utils.xla": ["install_xla"],
+    "hasten.core.numa": ["set_numa_affinity", "override_numa_affinity", "NumaUnavailableError"],
+    "hasten.core.xla": ["install_xla"],
     "hasten.utils.launch": ["PrepareForLaunch", "prepare_simple_launcher_cmd_env", "prepare_multi_gpu_env",
                             "prepare_deepspeed_cmd_env", "prepare_tpu", "prepare_sagemager_args_inputs"],
-    "hasten.utils.network": ["find_free_port"],
+    "hasten.core.network": ["find_free_port"],
     "hasten.utils.tqdm": ["tqdm"],
-    "hasten.utils.imports": [
+    "hasten.core.imports": [
         "is_deepspeed_available", "is_bnb_available", "is_torchdata_stateful_dataloader_available",
         "is_megatron_lm_available", "is_tensorboard_available", "is_wandb_available", "is_mlflow_available",
-        "is_torchao_available", "require_extra", "deepspeed_required", "torchao_required", "is_4bit_bnb_available",
+        "is_torchao_available", "require_extra", "torchao_required", "is_4bit_bnb_available",
         "is_8bit_bnb_available", "is_aim_available", "is_amdsmi_available", "is_bf16_available",
         "is_bitsandbytes_multi_backend_available", "is_boto3_available", "is_clearml_available",
         "is_comet_ml_available", "is_cuda_available", "is_datasets_available", "is_dvclive_available",
@@ -82,6 +82,7 @@ _EXPORTS = build_table({
         "fsdp2_switch_optimizer_parameters", "get_fsdp2_grad_scaler", "load_fsdp_model", "load_fsdp_optimizer",
         "merge_fsdp_weights", "save_fsdp_model", "save_fsdp_optimizer",
     ],
+    "hasten.strategies.deepspeed": ["deepspeed_required"],
     "hasten.utils.deepspeed": ["DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
                                "DummyOptim", "DummyScheduler", "get_active_deepspeed_plugin",
                                "map_pytorch_optim_to_deepspeed"],

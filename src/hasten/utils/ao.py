@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from .imports import require_extra
+from ..core.imports import require_extra
 
 if TYPE_CHECKING:
     from torchao.float8 import Float8LinearConfig

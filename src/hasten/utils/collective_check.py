@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .nested import is_namedtuple, leaves
+from ..core.nested import is_namedtuple, leaves
 from .process_view import group_of
 
 __all__ = ["DistributedOperationException", "EAGER_BYTES", "collective_checks", "collective_checks_enabled",
@@ -87,8 +87,8 @@ def collective_checks_enabled(state=None) -> bool:
         state = PartialState() if PartialState._shared_state else None
     if state is not None and getattr(state, "debug", False):
         return True
-    from ..config.env_aliases import read_setting
-    from .environment import str_to_bool
+    from ..core.env_aliases import read_setting
+    from ..core.env_vars import str_to_bool
 
     value, variable = read_setting("debug_mode", parse=lambda raw: bool(str_to_bool(raw)))
     return variable is None or value

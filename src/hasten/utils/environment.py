@@ -1,146 +1,20 @@
-"""The environment helpers under Accelerate's import path ``accelerate.utils.environment``.
+"""Accelerate's import path ``accelerate.utils.environment``: environment variables, hardware queries and NUMA pinning (``hasten/core/``)."""
+from ..core.env_vars import (  # noqa: F401
+    clear_environment, get_int_from_env, parse_choice_from_env, parse_flag_from_env, patch_environment, str_to_bool,
+)
+from ..core.environment import (  # noqa: F401
+    are_libraries_initialized, convert_dict_to_env_variables, is_debug_mode, purge_accelerate_environment,
+)
+from ..core.hardware import (  # noqa: F401
+    check_cuda_fp8_capability, check_cuda_p2p_ib_support, CPUInformation, get_cpu_distributed_information,
+    get_current_device_type, get_driver_version, get_gpu_info,
+)
+from ..core.numa import override_numa_affinity, set_numa_affinity  # noqa: F401
 
-``hasten launch`` hands every setting to the script through variables named ``HASTEN_<SETTING>``
-(``HASTEN_MIXED_PRECISION``, ``HASTEN_USE_CPU`` ...). The prefix and the parsing of the values live in
-``env_vars.py``, the hardware queries in ``hardware.py``, NUMA pinning in ``numa.py``; they are all importable
-from here too.
-
-Defined here: ``is_debug_mode``, ``purge_accelerate_environment`` (launcher variables removed for a test, then
-restored), writing variables to an environment file, and ``are_libraries_initialized``.
-"""
-from __future__ import annotations
-
-import contextlib
-import functools
-import inspect
-import logging
-import os
-import sys
-from typing import Optional
-
-from .env_vars import (ENV_PREFIX, clear_environment, env_name, get_int_from_env,  # noqa: F401
-                       parse_choice_from_env, parse_flag_from_env, patch_environment, str_to_bool)
-from .hardware import (CPUInformation, check_cuda_fp8_capability, check_cuda_p2p_ib_support,  # noqa: F401
-                       get_cpu_distributed_information, get_current_device_type, get_driver_version, get_gpu_info)
-
-logger = logging.getLogger(__name__)
-
-
-def is_debug_mode() -> bool:
-    """``HASTEN_DEBUG_MODE=1`` (or ``ACCELERATE_DEBUG_MODE=1``): extra consistency checks (see docs/debugging.md)."""
-    from ..config.env_aliases import get_flag_setting
-
-    return get_flag_setting("debug_mode")
-
-
-# ----------------------------------------------------------------------------- passing variables on
-_FORBIDDEN_IN_ENV_LINES = (";", "\n", "<", ">", " ")
-
-
-def convert_dict_to_env_variables(current_env: dict) -> list[str]:
-    """``["KEY=value\\n", ...]`` for writing an environment file; entries that are empty or contain ``;``,
-    a newline, ``<``, ``>`` or a space (which would break or inject into the file) are skipped with a warning."""
-    lines = []
-    for key, value in current_env.items():
-        key, value = str(key), str(value)
-        if key and value and not any(char in key + value for char in _FORBIDDEN_IN_ENV_LINES):
-            lines.append(f"{key}={value}\n")
-        else:
-            logger.warning("Skipping %s=%s: it is empty or contains a forbidden character (; < > space newline).",
-                           key, value)
-    return lines
-
-
-def are_libraries_initialized(*library_names: str) -> list[str]:
-    """The names among ``library_names`` that are already imported in this process."""
-    return [name for name in library_names if name in sys.modules]
-
-
-# ----------------------------------------------------------------------------- CPU affinity
-def set_numa_affinity(local_process_index: int, verbose: Optional[bool] = None):
-    """Pin this process to its NUMA node once (see ``hasten.utils.numa.set_numa_affinity``)."""
-    from .numa import set_numa_affinity as set_affinity
-
-    return set_affinity(local_process_index, verbose=verbose)
-
-
-def override_numa_affinity(local_process_index: int, verbose: Optional[bool] = None):
-    """Pin this process to its NUMA node again (see ``hasten.utils.numa.override_numa_affinity``)."""
-    from .numa import override_numa_affinity as override_affinity
-
-    return override_affinity(local_process_index, verbose=verbose)
-
-
-# ----------------------------------------------------------------------------- test isolation
-_PURGED_PREFIXES = ("HASTEN_", "ACCELERATE_")
-_PURGE_MARK = "_hasten_purges_environment"
-
-
-def _launcher_variables() -> dict:
-    return {key: value for key, value in os.environ.items() if key.startswith(_PURGED_PREFIXES)}
-
-
-@contextlib.contextmanager
-def _restored_launcher_variables():
-    saved = _launcher_variables()
-    try:
-        yield
-    finally:
-        for key in _launcher_variables():
-            if key not in saved:
-                del os.environ[key]
-        os.environ.update(saved)  # changed values back, and removed ones again
-
-
-def _purging(function):
-    if getattr(function, _PURGE_MARK, False):
-        return function
-    if inspect.iscoroutinefunction(function):
-        @functools.wraps(function)
-        async def wrapper(*args, **kwargs):
-            with _restored_launcher_variables():
-                return await function(*args, **kwargs)
-    else:
-        @functools.wraps(function)
-        def wrapper(*args, **kwargs):
-            with _restored_launcher_variables():
-                return function(*args, **kwargs)
-    setattr(wrapper, _PURGE_MARK, True)
-    return wrapper
-
-
-def _purge_test_methods(cls: type) -> None:
-    for name in dir(cls):
-        if not name.startswith("test"):
-            continue
-        member = inspect.getattr_static(cls, name)
-        if isinstance(member, (staticmethod, classmethod)):
-            if not getattr(member.__func__, _PURGE_MARK, False):
-                setattr(cls, name, type(member)(_purging(member.__func__)))
-        elif inspect.isfunction(member):
-            setattr(cls, name, _purging(member))
-
-
-def purge_accelerate_environment(func_or_cls):
-    """Decorator: every ``HASTEN_*`` / ``ACCELERATE_*`` environment variable is as it was after the call.
-
-    Variables the call added are removed, changed ones get their value back and removed ones come back.
-    On a class (``unittest.TestCase`` or a plain pytest class) it wraps every method whose name starts with
-    ``test``, including inherited ones and those of subclasses defined later. Useful in test suites, where a
-    library that sets e.g. ``ACCELERATE_MIXED_PRECISION`` would otherwise change the tests that follow.
-    """
-    if not isinstance(func_or_cls, type):
-        return _purging(func_or_cls)
-    cls = func_or_cls
-    _purge_test_methods(cls)
-    own = cls.__dict__.get("__init_subclass__")
-
-    def __init_subclass__(subclass, **kwargs):
-        if own is not None:
-            own.__func__(subclass, **kwargs)
-        else:
-            super(cls, subclass).__init_subclass__(**kwargs)
-        _purge_test_methods(subclass)
-
-    cls.__init_subclass__ = classmethod(__init_subclass__)
-    return cls
+__all__ = [
+    "clear_environment", "get_int_from_env", "parse_choice_from_env", "parse_flag_from_env", "patch_environment",
+    "str_to_bool", "CPUInformation", "check_cuda_fp8_capability", "check_cuda_p2p_ib_support",
+    "get_cpu_distributed_information", "get_current_device_type", "get_driver_version", "get_gpu_info",
+    "is_debug_mode", "convert_dict_to_env_variables", "are_libraries_initialized", "set_numa_affinity",
+    "override_numa_affinity", "purge_accelerate_environment",
+]

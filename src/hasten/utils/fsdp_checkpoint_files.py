@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .planned import not_yet_supported
+from ..core.planned import not_yet_supported
 
 __all__ = ["save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
            "fsdp2_load_full_state_dict", "fsdp2_switch_optimizer_parameters", "fsdp2_apply_ac",

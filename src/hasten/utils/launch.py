@@ -117,7 +117,7 @@ class PrepareForLaunch:
         if self.debug:
             import torch.distributed as dist
 
-            from ..config.env_aliases import get_setting
+            from ..core.env_aliases import get_setting
 
             world_size = int(os.environ["WORLD_SIZE"])
             store = dist.FileStore(get_setting("debug_rdv_file"), world_size)

@@ -13,7 +13,7 @@ import sys
 import torch
 from torch import nn
 
-from .constants import WEIGHTS_INDEX_NAME  # noqa: F401  (the reference defines it here too)
+from ..core.constants import WEIGHTS_INDEX_NAME  # noqa: F401  (the reference defines it here too)
 
 __all__ = ["extract_model_from_parallel", "get_module_children_bottom_up", "is_peft_model", "check_device_same",
            "id_tensor_storage", "check_tied_parameters_in_config", "check_tied_parameters_on_same_device"]

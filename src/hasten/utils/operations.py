@@ -31,8 +31,8 @@ from .collective_check import (ALIGN, DistributedOperationException, _all_gather
                                check_same_everywhere, collective_checks, collective_checks_enabled, describe,
                                exchange_header, full_leaf, gather_leaf, ndim_leaf, set_collective_checks,
                                signature)
-from .nested import honor_type, is_namedtuple
-from .nested import leaves as _leaves
+from ..core.nested import honor_type, is_namedtuple
+from ..core.nested import leaves as _leaves
 from .object_exchange import broadcast_objects_checked, gather_objects_checked
 from .process_view import group_of
 
@@ -714,7 +714,7 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
     if state is not None and state.distributed_type == DistributedType.DEEPSPEED:
         plugin = getattr(state, "deepspeed_plugin", None)
         if plugin is None or plugin.hf_ds_config.is_zero3():  # ZeRO-3 partitions every prepared model
-            from .imports import require_extra
+            from ..core.imports import require_extra
 
             deepspeed = require_extra("deepspeed", "GatheredParameters under ZeRO-3")
             context = deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank, fwd_module=fwd_module,

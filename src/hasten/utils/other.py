@@ -17,8 +17,8 @@ from typing import Optional
 
 from ..compile import compile_regions, repeated_block_containers
 from .modeling import extract_model_from_parallel, get_module_children_bottom_up, id_tensor_storage
-from .network import find_free_port
-from .network import is_port_in_use
+from ..core.network import find_free_port
+from ..core.network import is_port_in_use
 from .serialization import load, save
 
 __all__ = ["is_compiled_module", "has_compiled_regions", "is_repeated_blocks", "has_repeated_blocks",

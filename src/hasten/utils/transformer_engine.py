@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from .planned import not_yet_supported
+from ..core.planned import not_yet_supported
 
 __all__ = ["convert_model", "has_transformer_engine_layers", "contextual_fp8_autocast", "apply_fp8_autowrap"]
 

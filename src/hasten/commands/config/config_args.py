@@ -15,7 +15,7 @@ import yaml
 
 from ...config import config_file as _files
 from ...config.enums import ComputeEnvironment, DistributedType
-from ...utils.constants import SAGEMAKER_PYTHON_VERSION, SAGEMAKER_PYTORCH_VERSION, SAGEMAKER_TRANSFORMERS_VERSION
+from ...core.constants import SAGEMAKER_PYTHON_VERSION, SAGEMAKER_PYTORCH_VERSION, SAGEMAKER_TRANSFORMERS_VERSION
 
 __all__ = ["BaseConfig", "ClusterConfig", "SageMakerConfig", "load_config_from_file", "default_config_file",
            "default_yaml_config_file", "default_json_config_file", "cache_dir", "hf_cache_home"]

@@ -1,7 +1,7 @@
 """``hasten config``'s torch.compile questions; the answers become the ``dynamo_config`` section."""
 from __future__ import annotations
 
-from ...utils.constants import TORCH_DYNAMO_MODES
+from ...core.constants import TORCH_DYNAMO_MODES
 from .config_utils import DYNAMO_BACKENDS
 from .questions import ask_bool, ask_choice
 

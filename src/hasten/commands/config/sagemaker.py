@@ -1,7 +1,7 @@
 """``hasten config``'s questions for Amazon SageMaker: not available until hasten can launch there."""
 from __future__ import annotations
 
-from ...utils.planned import not_yet_supported
+from ...core.planned import not_yet_supported
 
 __all__ = ["get_sagemaker_input"]
 

@@ -29,7 +29,7 @@ _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 
 def limit_heap_retention() -> bool:
     """Set glibc's mmap threshold for this process (see the module docstring); returns whether it was set."""
-    from ..config.env_aliases import get_setting
+    from .env_aliases import get_setting
 
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False  # the user's own allocator policy

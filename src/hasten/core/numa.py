@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from ..config.env_aliases import get_flag_setting
+from .env_aliases import get_flag_setting
 
 __all__ = ["set_numa_affinity", "override_numa_affinity", "NumaUnavailableError", "parse_cpu_list"]
 

@@ -106,7 +106,7 @@ def get_setting(setting: str, default: Any = None, parse: Optional[Callable[[str
 
 def get_flag_setting(setting: str, default: bool = False) -> bool:
     """A boolean setting (``1/0``, ``true/false``, ``yes/no``, ``on/off``); ``default`` when it is not set."""
-    from ..utils.env_vars import str_to_bool
+    from .env_vars import str_to_bool
 
     return bool(get_setting(setting, default, parse=lambda raw: bool(str_to_bool(raw))))
 
