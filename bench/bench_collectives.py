@@ -82,8 +82,8 @@ def main(args) -> None:
     import torch.distributed as dist
 
     from hasten.state import PartialState
-    from hasten.utils import operations as ops
-    from hasten.utils import collective_check as cc
+    from hasten.collectives import operations as ops
+    from hasten.collectives import checks as cc
 
     state = PartialState()
     rank, world, device = state.process_index, state.num_processes, state.device

@@ -182,7 +182,7 @@ def test_bf16_autocast_forward_outputs_fp32_and_unwrap():
 
 
 def test_fp16_on_cpu_warns_scales_and_skips_overflow_steps():
-    from hasten import precision
+    from hasten.precision import autocast as precision
 
     precision._WARNED.clear()
     with pytest.warns(UserWarning, match="fp16 mixed precision on the CPU"):

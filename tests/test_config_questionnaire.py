@@ -71,7 +71,7 @@ DDP_ANSWERS = [
 
 def test_ddp_answers_through_the_arrow_menus_are_what_hasten_launch_plans(tmp_path, script, no_launch):  # noqa: F811
     from hasten.commands.launch import load_launch_config
-    from hasten.core.constants import TORCH_DYNAMO_MODES
+    from hasten.utils.constants import TORCH_DYNAMO_MODES
 
     child, target = _spawn(tmp_path)
     _answer(child, DDP_ANSWERS)

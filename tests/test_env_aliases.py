@@ -26,7 +26,7 @@ from hasten.config.resolution import ConfigConflictError as ResolutionConflictEr
 from hasten.config.resolution import resolve
 from hasten.logging import get_logger
 from hasten.state import AcceleratorState, GradientState, PartialState
-from hasten.core.environment import is_debug_mode
+from hasten.utils.environment import is_debug_mode
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "hasten"
 

@@ -18,7 +18,7 @@ from hasten.commands.errors import CommandError
 from hasten.commands.launch import launch_command_parser, load_launch_config
 from hasten.commands.launch_deepspeed import DeepSpeedRunner, env_file_text
 from hasten.commands.launch_plan import RUNNER_MODULE, build_plan
-from hasten.core.env_vars import patch_environment
+from hasten.utils.environment import patch_environment
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hasten.state import PartialState
-from hasten.utils import operations as ops
+from hasten.collectives import operations as ops
 
 Pair = namedtuple("Pair", ["x", "y"])
 

@@ -8,7 +8,7 @@ import torch
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from hasten.config.enums import DistributedType
-from hasten.precision import get_grad_scaler, get_mixed_precision_context_manager
+from hasten.precision.autocast import get_grad_scaler, get_mixed_precision_context_manager
 from hasten.state import AcceleratorState, PartialState
 
 EXPECTED_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -13,7 +13,7 @@ from torch import nn
 
 from hasten.state import PartialState
 from hasten.utils import tqdm
-from hasten.utils.progress import progress_bar
+from hasten.progress import progress_bar
 
 
 class FakeTerminal(io.StringIO):
@@ -98,7 +98,8 @@ def test_reading_a_sharded_checkpoint_into_one_process_counts_every_piece(tmp_pa
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from hasten.utils import progress, safe_dcp
+    from hasten import progress
+    from hasten.checkpointing import safe_dcp
 
     state = {"a": torch.ones(3), "b": torch.zeros(2, 2), "step": 7}
     dcp.save(state, checkpoint_id=str(tmp_path), no_dist=True)

@@ -9,7 +9,7 @@ import torch
 from hasten.config.enums import RNGType
 from hasten.state import PartialState
 from hasten.utils import set_seed, synchronize_rng_state, synchronize_rng_states
-import hasten.utils.random as hasten_random
+import hasten.collectives.random as hasten_random
 
 
 def draws():

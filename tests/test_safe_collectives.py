@@ -2,7 +2,7 @@
 import pytest
 
 from helpers import run_launch
-from hasten.core.env_vars import patch_environment
+from hasten.utils.environment import patch_environment
 from hasten.utils.operations import collective_checks, collective_checks_enabled, set_collective_checks
 
 

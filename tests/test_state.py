@@ -190,7 +190,7 @@ def test_get_logger_needs_state_and_logs_on_main(caplog):
 
 
 def test_require_extra_names_the_extra_for_submodules():
-    from hasten.core.imports import require_extra
+    from hasten.utils.imports import require_extra
 
     with pytest.raises(ImportError, match=r"hasten\[megatron\]"):
         require_extra("megatron.core.tensor_parallel")

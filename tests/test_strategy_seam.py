@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from hasten import Accelerator, DistributedType, ParallelismConfig
 from hasten.checkpointing.checkpoint_io import FullStateCheckpointIO
 from hasten.checkpointing.targets import CheckpointTargets
-from hasten.precision import get_mixed_precision_context_manager
+from hasten.precision.autocast import get_mixed_precision_context_manager
 from hasten.strategies import SingleDeviceStrategy
 from hasten.core.planned import NotYetSupportedError
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 from hasten.commands import estimate
 from hasten.commands.errors import CommandError
 from hasten.utils import fsdp_utils
-from hasten.utils.safe_dcp import UnsafeCheckpointError
+from hasten.checkpointing.safe_dcp import UnsafeCheckpointError
 
 # Importing this file leaves a marker: the test sees whether the code ran.
 MODEL_SOURCE = '''

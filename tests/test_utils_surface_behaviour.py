@@ -222,7 +222,7 @@ def fake_nvidia_smi(tmp_path, monkeypatch):
 
 
 def test_gpu_queries_read_nvidia_smi(fake_nvidia_smi):
-    from hasten.core.hardware import get_driver_version
+    from hasten.utils.environment import get_driver_version
 
     fake_nvidia_smi("NVIDIA GeForce RTX 4090;535.10.01;8.9", "NVIDIA GeForce RTX 4090;535.10.01;8.9")
     assert utils.get_gpu_info() == (["NVIDIA GeForce RTX 4090"] * 2, 2)

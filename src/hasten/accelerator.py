@@ -31,11 +31,11 @@ from .parallel import ParallelDims, resolve_parallelism_config
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState
 from .strategies import select_strategy
-from .utils.deepspeed import (  # noqa: F401 - Accelerate's names in this module, as with deepspeed installed
+from .strategies.deepspeed_wrappers import (  # noqa: F401 - Accelerate's names in this module, as with deepspeed installed
     DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper, DummyOptim, DummyScheduler)
-from .utils import operations
+from .collectives import operations
 from .core.memory import release_memory
-from .utils.serialization import save as _save
+from .checkpointing.serialization import save as _save
 
 __all__ = ["Accelerator"]
 
@@ -134,7 +134,6 @@ class Accelerator:
             self.state.device_mesh = dims.build_mesh(self.device.type)
         self.device_placement = device_placement
         self.precision = self.strategy.precision  # chosen by the strategy, with it
-        self.state.precision = self.precision  # get_mixed_precision_context_manager asks it
         self.scaler = self.precision.scaler
         self.dynamo_plugin = settings.dynamo_plugin
         self.dataloader_config = settings.dataloader_config
@@ -315,7 +314,7 @@ class Accelerator:
 
     @property
     def pipeline_parallel_rank(self) -> int:
-        return 0  # pipeline parallelism builds no mesh dimension yet
+        return self.strategy.layout.pp_rank
 
     @property
     def context_parallel_rank(self) -> int:
@@ -332,10 +331,9 @@ class Accelerator:
 
     @property
     def fp8_backend(self):
-        """The library running fp8 training (``FP8BackendType.NO``: hasten runs no fp8 backend yet)."""
-        from .config.fp8 import FP8BackendType
-
-        return FP8BackendType.NO
+        """The library running fp8 training: ``FP8BackendType.AO`` (torchao) with ``mixed_precision="fp8"``, else
+        ``FP8BackendType.NO``."""
+        return self.precision.fp8_backend
 
     def __getstate__(self) -> dict:
         # The set of prepared objects holds weak references, which do not pickle; it is rebuilt from the

@@ -8,9 +8,13 @@ identity and optimizers created before ``prepare`` keep working.
 """
 from __future__ import annotations
 
+import sys
+
 from torch import nn
 
-__all__ = ["compile_model", "compile_regions", "remove_regional_compilation", "repeated_block_containers"]
+__all__ = ["compile_model", "compile_regions", "remove_regional_compilation", "repeated_block_containers",
+           "is_compiled_module", "has_compiled_regions", "is_repeated_blocks", "has_repeated_blocks",
+           "compile_regions_deepspeed", "compile_regions_fsdp2"]
 
 _REGIONS_ATTRIBUTE = "_hasten_compiled_regions"
 
@@ -83,3 +87,46 @@ def apply_dynamo_plugin(model: nn.Module, plugin) -> nn.Module:
     if plugin.use_regional_compilation:
         return compile_regions(model, **kwargs)
     return compile_model(model, **kwargs)
+
+
+# ----------------------------------------------------------------------------- what is compiled
+def _optimized_module_type():
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # nothing was compiled if dynamo was never imported
+    return getattr(eval_frame, "OptimizedModule", None)
+
+
+def is_compiled_module(module) -> bool:
+    """Whether ``module`` is the wrapper ``torch.compile(model)`` returns."""
+    optimized = _optimized_module_type()
+    return optimized is not None and isinstance(module, optimized)
+
+
+def has_compiled_regions(module) -> bool:
+    """Whether ``module`` or one of its submodules is compiled: wrapped by ``torch.compile`` or compiled in
+    place (``nn.Module.compile``, what ``compile_regions`` does)."""
+    if _optimized_module_type() is None:
+        return False
+    return any(is_compiled_module(sub) or getattr(sub, "_compiled_call_impl", None) is not None
+               for sub in module.modules())
+
+
+def is_repeated_blocks(module) -> bool:
+    """Whether ``module`` is a stack that regional compilation compiles block by block: a ``ModuleList`` or
+    ``Sequential`` of two or more children of one class."""
+    containers = repeated_block_containers(module)
+    return bool(containers) and containers[0] is module
+
+
+def has_repeated_blocks(module) -> bool:
+    """Whether ``module`` holds such a stack at any depth (itself included)."""
+    return bool(repeated_block_containers(module))
+
+
+def compile_regions_deepspeed(module, **compile_kwargs) -> None:
+    """Regional compilation of a DeepSpeed engine's inner model, in place (hasten's ``compile_regions``)."""
+    compile_regions(module, **compile_kwargs)
+
+
+def compile_regions_fsdp2(module, **compile_kwargs):
+    """Regional compilation in place, so hooks that ``fully_shard`` adds later still run; returns ``module``."""
+    return compile_regions(module, **compile_kwargs)

@@ -12,7 +12,7 @@ process passing tensors while another passes other objects makes every process r
 from __future__ import annotations
 
 from .state import GradientState
-from .utils.operations import _gather, _gather_object, recursively_apply
+from .collectives.operations import _gather, _gather_object, recursively_apply
 
 __all__ = ["gather_for_metrics"]
 

@@ -37,7 +37,7 @@ def generate_device_map(model, num_processes: int = 1, no_split_module_classes=N
 
 def find_pippy_batch_size(args, kwargs):
     """The batch size of the first input (positional, then keyword) it can be read from; None if none."""
-    from .utils.operations import ignorant_find_batch_size
+    from .collectives.operations import ignorant_find_batch_size
 
     for value in list(args or ()) + list((kwargs or {}).values()):
         found = ignorant_find_batch_size(value)

@@ -16,7 +16,7 @@ __all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]
 def move_to_device(state, device):
     """``state`` (an optimizer state: nested dicts / lists / tuples of tensors) with every tensor moved to
     ``device``; containers keep their type, other values are returned as they are."""
-    from .utils.operations import _rebuild_mapping, honor_type
+    from .collectives.operations import _rebuild_mapping, honor_type
 
     if isinstance(state, (list, tuple)):
         return honor_type(state, (move_to_device(item, device) for item in state))

@@ -363,6 +363,11 @@ class PartialState:
         raise AttributeError(f"'PartialState' object has no attribute {name!r}")
 
 
+def wait_for_everyone() -> None:
+    """Block until every process reaches this point (``PartialState().wait_for_everyone()``)."""
+    PartialState().wait_for_everyone()
+
+
 def split_for_process(inputs, num_processes: int, process_index: int, apply_padding: bool = False):
     """The contiguous share of ``inputs`` that belongs to ``process_index`` (see ``split_between_processes``)."""
     if num_processes == 1:

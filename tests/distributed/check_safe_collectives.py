@@ -7,7 +7,7 @@ import torch
 
 from hasten.evaluation import gather_for_metrics
 from hasten.state import PartialState
-from hasten.core.env_vars import patch_environment
+from hasten.utils.environment import patch_environment
 from hasten.utils.operations import (
     DistributedOperationException, broadcast, broadcast_object_list, collective_checks, collective_checks_enabled,
     gather, gather_object, pad_across_processes, reduce,

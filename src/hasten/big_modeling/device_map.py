@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 from collections import OrderedDict
 from typing import Optional
 
@@ -12,7 +13,9 @@ from .device_checks import check_device_value
 from .planner import DevicePlanner
 from .sizes import _as_class_names, _as_dtype, get_max_memory
 
-__all__ = ["infer_auto_device_map", "check_device_map", "clean_device_map"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["infer_auto_device_map", "check_device_map", "clean_device_map", "check_tied_parameters_on_same_device"]
 
 
 def infer_auto_device_map(
@@ -151,3 +154,19 @@ def device_of(name: str, device_map: dict):
     if "" in device_map:
         return device_map[""]
     raise KeyError(name)
+
+
+
+def check_tied_parameters_on_same_device(tied_params: list, device_map: dict) -> None:
+    """Warn for each group of tied parameters that ``device_map`` spreads over several devices (a tied weight
+    has one storage, so it cannot live in two places). A name the map does not cover raises ValueError."""
+    for group in tied_params:
+        devices = {}
+        for name in group:
+            try:
+                devices[name] = device_of(name, device_map)
+            except KeyError:
+                raise ValueError(f"The device_map does not contain the module of {name!r}.") from None
+        if len(set(map(str, devices.values()))) > 1:
+            logger.warning("Tied parameters are on different devices: %s. Please modify your custom device map or "
+                           "set `device_map='auto'`.", devices)

@@ -17,7 +17,7 @@ from typing import Optional, Union
 import torch
 import torch.nn as nn
 
-from ..utils.operations import find_device, send_to_device
+from ..collectives.operations import find_device, send_to_device
 from .module_tensors import get_non_persistent_buffers, get_tensor, named_module_tensors
 from .tensor_placement import set_module_tensor_to_device
 from .offload import PrefixedDataset

@@ -159,7 +159,7 @@ def load_checkpoint_in_model(
 
 def _shards(readers, keys_by_file):
     """``(reader, keys)`` per checkpoint file, with a progress bar when there are several (main process, terminal)."""
-    from ..utils.progress import progress_bar
+    from ..progress import progress_bar
 
     pairs = list(zip(readers, keys_by_file))
     return progress_bar(pairs, desc="Loading checkpoint shards", unit="shard") if len(pairs) > 1 else pairs

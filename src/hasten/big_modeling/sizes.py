@@ -16,7 +16,7 @@ import torch.nn as nn
 from .device_memory import accelerator_count, accelerator_type, available_memory
 from .module_tensors import walk_modules
 
-__all__ = ["compute_module_sizes", "compute_module_total_buffer_size", "get_max_layer_size", "get_max_memory",
+__all__ = ["convert_bytes", "compute_module_sizes", "compute_module_total_buffer_size", "get_max_layer_size", "get_max_memory",
            "get_balanced_memory", "convert_file_size_to_int", "dtype_byte_size", "calculate_maximum_sizes"]
 
 logger = logging.getLogger(__name__)
@@ -331,3 +331,12 @@ def calculate_maximum_sizes(model: nn.Module):
     no_split = getattr(model, "_no_split_modules", None) or []
     top = list(model.named_parameters(recurse=False)) + list(model.named_children()) + list(model.named_buffers(recurse=False))
     return sizes[""], get_max_layer_size(top, sizes, no_split)
+
+
+def convert_bytes(size) -> str:
+    """``size`` in bytes written in the largest unit below 1024 of it: ``convert_bytes(3 * 2**20) == "3.0 MB"``."""
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if size < 1024.0:
+            return f"{round(size, 2)} {unit}"
+        size /= 1024.0
+    return f"{round(size, 2)} PB"

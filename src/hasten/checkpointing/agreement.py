@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Optional, TypeVar
 
 from ..state import PartialState
-from ..utils.operations import gather_object
+from ..collectives.operations import gather_object
 from .errors import CheckpointError
 
 __all__ = ["together", "raise_if_any_failed", "gather_failures"]

@@ -25,7 +25,7 @@ from .errors import CorruptCheckpointError, IncompleteCheckpointError
 from .layout import MARKER_NAME
 from .lock import LOCK_NAME
 
-from ..utils.serialization import fsync_file  # the one implementation, shared with hasten.utils.save
+from .serialization import fsync_file  # the one implementation, shared with hasten.utils.save
 
 __all__ = ["staging_folder", "replaced_folder", "fsync_file", "fsync_folder", "write_marker", "read_marker",
            "verify_complete", "start_content_check", "content_changed", "is_complete", "swap_into_place",

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..state import PartialState
-from ..utils.operations import broadcast_object_list
+from ..collectives.operations import broadcast_object_list
 from . import layout
 from .agreement import gather_failures, together
 from .atomic import content_changed, recover_interrupted_swap, start_content_check, verify_complete

@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from ..utils.serialization import load as _torch_load
+from .serialization import load as _torch_load
 from .errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
 
 __all__ = ["SAFE_TYPES", "load_pickle_file", "load_safetensors_file", "UNSAFE_OPT_IN"]

@@ -21,7 +21,7 @@ def is_sharded_folder(path: Path) -> bool:
 
 
 def _entry(path: Path, key: str, weights_only: bool) -> dict:
-    from ..utils.safe_dcp import read_dcp_checkpoint  # torch.distributed.checkpoint: only when a DCP folder is read
+    from .safe_dcp import read_dcp_checkpoint  # torch.distributed.checkpoint: only when a DCP folder is read
 
     state = read_dcp_checkpoint(path, weights_only=weights_only, unsafe_hint=UNSAFE_OPT_IN)
     if not isinstance(state.get(key), dict):

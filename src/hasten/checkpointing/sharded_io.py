@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ..utils.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+from .safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 from .errors import CheckpointError, IncompleteCheckpointError
 from .full_state_reader import apply_full_state, read_full_state
 from .full_state_writer import write_full_state

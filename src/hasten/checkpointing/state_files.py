@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..state import PartialState
-from ..utils.serialization import save as _save_from_one_process
+from .serialization import save as _save_from_one_process
 from . import layout
 from .full_state_reader import model_path
 from .model_files import drop_aliases, fill_aliases, match_keys

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..state import PartialState
-from ..utils.operations import broadcast_object_list
+from ..collectives.operations import broadcast_object_list
 from .agreement import together
 from .atomic import recover_interrupted_swap, staging_folder, swap_into_place, write_marker
 from .errors import CheckpointError

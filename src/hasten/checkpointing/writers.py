@@ -27,7 +27,7 @@ import torch
 from .checksums import note_written
 from .errors import CheckpointWriteError
 from .safetensors_io import safetensors_pieces
-from ..utils.serialization import atomic_file  # the one implementation, shared with hasten.utils.save
+from .serialization import atomic_file  # the one implementation, shared with hasten.utils.save
 
 __all__ = ["DurableFile", "write_pickle", "write_tensors", "atomic_file"]
 

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import functools
 import os
+import logging
 import platform
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from typing import Optional
 
 from . import imports
 from .env_vars import get_int_from_env
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["get_current_device_type", "get_gpu_info", "get_driver_version", "check_cuda_p2p_ib_support",
-           "check_cuda_fp8_capability", "CPUInformation", "get_cpu_distributed_information"]
+           "check_cuda_fp8_capability", "CPUInformation", "get_cpu_distributed_information", "check_os_kernel"]
 
 # Consumer GPUs whose peer-to-peer / InfiniBand transfers hang with drivers older than the version given.
 _P2P_BROKEN_BEFORE = {"RTX 40": "550.40.07"}
@@ -126,3 +131,33 @@ def get_cpu_distributed_information() -> CPUInformation:
         local_world_size=get_int_from_env(
             ["LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"], 1),
     )
+
+
+#: The oldest Linux kernel known not to make distributed runs hang.
+MINIMUM_LINUX_KERNEL = "5.5.0"
+
+
+def _kernel_version(release: str) -> Optional[str]:
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", release)
+    if match is None:
+        return None
+    major, minor, patch = match.groups()
+    return f"{major}.{minor}.{patch or 0}"
+
+
+def check_os_kernel() -> None:
+    """Warn (on the main process) when the Linux kernel is older than 5.5, which can make processes hang."""
+    from packaging.version import Version
+
+    info = platform.uname()
+    if info.system != "Linux":
+        return
+    version = _kernel_version(info.release)
+    if version is None or Version(version) >= Version(MINIMUM_LINUX_KERNEL):
+        return
+    if get_int_from_env(["RANK"], 0) != 0:  # once per run: the main process warns
+        return
+    logger.warning(
+        "Detected kernel version %s, which is below the recommended minimum of %s; this can cause the process to "
+        "hang. It is recommended to upgrade the kernel to the minimum version or higher.", version,
+        MINIMUM_LINUX_KERNEL)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["is_namedtuple", "honor_type", "leaves"]
+__all__ = ["is_namedtuple", "honor_type", "leaves", "merge_dicts"]
 
 
 def is_namedtuple(data) -> bool:
@@ -31,3 +31,14 @@ def leaves(data, out: list) -> list:
     else:
         out.append(data)
     return out
+
+
+def merge_dicts(source: dict, destination: dict) -> dict:
+    """Merge ``source`` into ``destination`` recursively (nested dicts merged, other values replaced);
+    returns ``destination``."""
+    for key, value in source.items():
+        if isinstance(value, dict):
+            merge_dicts(value, destination.setdefault(key, {}))
+        else:
+            destination[key] = value
+    return destination

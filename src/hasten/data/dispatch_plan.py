@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..utils.operations import honor_type, is_namedtuple
+from ..collectives.operations import honor_type, is_namedtuple
 
 __all__ = ["SLICE", "WHOLE", "StepPlan", "CannotJoin", "batch_size_of", "join_batches", "slice_batch",
            "process_bounds", "plan_step"]

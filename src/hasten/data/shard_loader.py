@@ -6,8 +6,8 @@ from typing import Optional
 import torch
 from torch.utils.data import BatchSampler
 
-from ..utils.operations import send_to_device
-from ..utils.random import synchronize_rng_states
+from ..collectives.operations import send_to_device
+from ..collectives.random import synchronize_rng_states
 from .batch_shard import BatchSamplerShard
 from .iterable import IterableDatasetShard
 from .loader_core import PreparedDataLoader

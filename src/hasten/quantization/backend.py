@@ -1,6 +1,8 @@
 """The one place that imports bitsandbytes, lazily: it is an optional extra, and importing it initialises the GPU."""
 from __future__ import annotations
 
+import torch.nn as nn
+
 import sys
 
 INSTALL_HINT = "pip install 'hasten[bnb]'"
@@ -27,3 +29,16 @@ def is_bnb_layer(module) -> bool:
     layers = getattr(bnb, "nn", None)
     classes = tuple(getattr(layers, name) for name in ("Linear8bitLt", "Linear4bit") if hasattr(layers, name))
     return bool(classes) and isinstance(module, classes)
+
+
+def has_4bit_bnb_layers(model: nn.Module) -> bool:
+    """Whether ``model`` holds bitsandbytes ``Linear4bit`` layers."""
+    bnb = loaded_bnb()
+    if bnb is None:  # never imported, so no such layer can exist
+        return False
+    return any(isinstance(module, bnb.nn.Linear4bit) for module in model.modules())
+
+
+def get_parameter_device(parameter: nn.Module):
+    """The device of the first parameter of ``parameter`` (a module)."""
+    return next(parameter.parameters()).device

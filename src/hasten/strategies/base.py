@@ -27,7 +27,7 @@ from torch import nn
 from ..checkpointing.checkpoint_io import FullStateCheckpointIO
 from ..config.enums import DistributedType
 from ..config.kwargs import AutocastKwargs, GradScalerKwargs
-from ..utils.modeling import extract_model_from_parallel
+from ..core.modules import extract_model_from_parallel
 
 
 class Strategy:
@@ -57,11 +57,11 @@ class Strategy:
     # ------------------------------------------------------------ precision and layout
     def create_precision(self):
         """The precision this backend trains with, chosen together with it (autocast + fp16 scaler here)."""
-        from ..precision import MixedPrecision
+        from ..precision import autocast_precision
 
-        return MixedPrecision(self.state.mixed_precision, self.state.device,
-                              scaler_kwargs=self.handlers.get(GradScalerKwargs),
-                              autocast_kwargs=self.handlers.get(AutocastKwargs))
+        return autocast_precision(self.state.mixed_precision, self.state.device,
+                                  scaler_kwargs=self.handlers.get(GradScalerKwargs),
+                                  autocast_kwargs=self.handlers.get(AutocastKwargs))
 
     @property
     def layout(self):
@@ -92,7 +92,7 @@ class Strategy:
         if size == self.state.num_processes:
             return None
         if name not in self._views:
-            from ..utils.process_view import ProcessView
+            from ..collectives.process_view import ProcessView
 
             self.layout.build_mesh(self.state.device.type)
             self._views[name] = ProcessView.of_group(group(), self.state)

@@ -27,10 +27,11 @@ import torch
 from torch import nn
 
 from ..config.enums import DistributedType
-from ..utils.operations import convert_to_fp32
+from ..collectives.operations import convert_to_fp32
+from ..precision.engine import EnginePrecision
 from .base import Strategy
 
-__all__ = ["DeepSpeedStrategy", "EnginePrecision", "require_deepspeed"]
+__all__ = ["DeepSpeedStrategy", "require_deepspeed", "deepspeed_required"]
 
 
 def require_deepspeed():
@@ -44,51 +45,6 @@ def require_deepspeed():
     import deepspeed
 
     return deepspeed
-
-
-class _CastInputsForward:
-    """A forward that casts float32 tensor inputs to the engine's 16-bit dtype and returns fp32 outputs (the
-    engine's weights are 16-bit; DeepSpeed itself casts only fp16 inputs, and only with ``auto_cast``)."""
-
-    def __init__(self, forward, dtype: torch.dtype):
-        self.forward = forward
-        self.dtype = dtype
-        functools.update_wrapper(self, forward)
-
-    def _cast(self, value):
-        if isinstance(value, torch.Tensor) and value.dtype == torch.float32:
-            return value.to(self.dtype)
-        if isinstance(value, (list, tuple)):
-            return type(value)(self._cast(v) for v in value)
-        if isinstance(value, dict):
-            return {k: self._cast(v) for k, v in value.items()}
-        return value
-
-    def __call__(self, *args, **kwargs):
-        return convert_to_fp32(self.forward(*self._cast(args), **self._cast(kwargs)))
-
-
-class EnginePrecision:
-    """Mixed precision under DeepSpeed: the engine holds 16-bit weights with fp32 master copies and scales fp16
-    losses itself, so there is no autocast and no scaler here; only inputs are cast to the weights' dtype."""
-
-    scaler = None
-    autocast_dtype = None
-    native_amp = False
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(mode)
-
-    def autocast(self, autocast_handler=None):
-        return contextlib.nullcontext()
-
-    def wrap_forward(self, model: nn.Module) -> nn.Module:
-        if self.dtype is None or isinstance(model.__dict__.get("forward"), _CastInputsForward):
-            return model
-        model._original_forward = model.forward
-        model.forward = _CastInputsForward(model.forward, self.dtype)
-        return model
 
 
 @dataclass
@@ -169,7 +125,7 @@ class DeepSpeedStrategy(Strategy):
     # ------------------------------------------------------------ preparation
     def check_prepare(self, models, optimizers, schedulers) -> None:
         """Refuse, before anything is built, what one engine cannot take."""
-        from ..utils.deepspeed import DummyOptim, DummyScheduler
+        from .deepspeed_wrappers import DummyOptim, DummyScheduler
 
         if len(models) > 1:
             raise ValueError(
@@ -200,7 +156,7 @@ class DeepSpeedStrategy(Strategy):
 
     def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
                          data_loaders=(), schedulers=(), accumulation_steps: int = 1):
-        from ..utils.deepspeed import DummyOptim, DummyScheduler
+        from .deepspeed_wrappers import DummyOptim, DummyScheduler
         from .deepspeed_config import resolved_config
 
         self.check_prepare(models, optimizers, schedulers)
@@ -225,7 +181,7 @@ class DeepSpeedStrategy(Strategy):
             offloaded = str((config.get("zero_optimization", {}).get("offload_optimizer") or {}).get(
                 "device", "none")).lower() != "none"
             if offloaded:
-                from ..utils.deepspeed import map_pytorch_optim_to_deepspeed
+                from .deepspeed_wrappers import map_pytorch_optim_to_deepspeed
 
                 optimizer = map_pytorch_optim_to_deepspeed(optimizer)
             kwargs["optimizer"] = optimizer
@@ -247,7 +203,7 @@ class DeepSpeedStrategy(Strategy):
         self._engines.append(record)
         prepared_optimizers = []
         if optimizers:
-            from ..utils.deepspeed import DeepSpeedOptimizerWrapper
+            from .deepspeed_wrappers import DeepSpeedOptimizerWrapper
 
             prepared_optimizers.append(DeepSpeedOptimizerWrapper(engine_optimizer, strategy=self, engine=engine,
                                                                  client_optimizer=record.client_optimizer))
@@ -256,7 +212,7 @@ class DeepSpeedStrategy(Strategy):
     def engine_scheduler_for(self, scheduler, optimizers):
         """A ``DummyScheduler`` stands for the scheduler the engine built (from the config, or with its
         ``lr_scheduler_callable``) and steps itself: that one, wrapped so that ``step()`` leaves it to the engine."""
-        from ..utils.deepspeed import DeepSpeedSchedulerWrapper, DummyScheduler
+        from .deepspeed_wrappers import DeepSpeedSchedulerWrapper, DummyScheduler
 
         if not isinstance(scheduler, DummyScheduler):
             return None

@@ -57,11 +57,11 @@ class FSDPStrategy(Strategy):
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         from ..config.kwargs import AutocastKwargs, GradScalerKwargs
-        from ..precision import MixedPrecision
+        from ..precision import autocast_precision
 
-        return MixedPrecision(self.state.mixed_precision, self.state.device,
-                              scaler_kwargs=self.handlers.get(GradScalerKwargs),
-                              autocast_kwargs=self.handlers.get(AutocastKwargs), scaler_class=ShardedGradScaler)
+        return autocast_precision(self.state.mixed_precision, self.state.device,
+                                  scaler_kwargs=self.handlers.get(GradScalerKwargs),
+                                  autocast_kwargs=self.handlers.get(AutocastKwargs), scaler_class=ShardedGradScaler)
 
     def setup(self) -> None:
         self.state.distributed_type = DistributedType.FSDP  # what scripts check (AcceleratorState only)

@@ -625,7 +625,7 @@ class MockingTestCase(unittest.TestCase):
 def are_the_same_tensors(tensor):
     """Whether ``tensor`` has the same value on every process (a gather; every process must call it)."""
     from ..state import PartialState
-    from ..utils.operations import gather
+    from ..collectives.operations import gather
 
     state = PartialState()
     local = tensor[None].clone().to(state.device)

@@ -52,7 +52,7 @@ from ..config.parallelism import (
 )
 from ..config.project import ProjectConfiguration
 from ..config.quantization import BnbQuantizationConfig, CustomDtype
-from .operations import TensorInformation
+from ..collectives.operations import TensorInformation
 
 __all__ = [
     "KwargsHandler", "EnumWithContains", "BaseEnum", "AutocastKwargs", "DDPCommunicationHookType",

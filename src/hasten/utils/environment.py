@@ -9,7 +9,11 @@ from ..core.hardware import (  # noqa: F401
     check_cuda_fp8_capability, check_cuda_p2p_ib_support, CPUInformation, get_cpu_distributed_information,
     get_current_device_type, get_driver_version, get_gpu_info,
 )
-from ..core.numa import override_numa_affinity, set_numa_affinity  # noqa: F401
+from ..core.lazy import lazy_exports
+
+# NUMA pinning needs torch: served on first use
+__getattr__, __dir__ = lazy_exports(__name__, {"set_numa_affinity": "hasten.core.numa",
+                                               "override_numa_affinity": "hasten.core.numa"})
 
 __all__ = [
     "clear_environment", "get_int_from_env", "parse_choice_from_env", "parse_flag_from_env", "patch_environment",

@@ -1,7 +1,8 @@
-"""Mixed precision: the gradient scaler and the autocast context for the run's device and precision.
+"""The autocast family of precisions: torch's autocast, and the fp16 loss scaler (``MixedPrecision``).
 
-Both follow the process state: the device is ``PartialState().device`` once a state exists (so
-``cpu=True`` on a GPU machine gives CPU autocast and a CPU scaler), else CUDA when available, else CPU.
+Also Accelerate's two functions ``get_grad_scaler`` and ``get_mixed_precision_context_manager``, which follow the
+process state: the device is ``PartialState().device`` once a state exists (so ``cpu=True`` on a GPU machine gives
+CPU autocast and a CPU scaler), else CUDA when available, else CPU.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from collections.abc import Mapping
 
 import torch
 
-from .config.enums import DistributedType
-from .utils.operations import convert_to_fp32
+from ..config.enums import DistributedType
+from ..collectives.operations import convert_to_fp32
+from .base import Precision
 
 __all__ = ["get_grad_scaler", "get_mixed_precision_context_manager", "MixedPrecision"]
 
@@ -22,7 +24,7 @@ _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.
 
 def _device_type() -> str:
     """The device type the run computes on."""
-    from .state import PartialState
+    from ..state import PartialState
 
     if PartialState._shared_state:
         return PartialState().device.type
@@ -35,6 +37,7 @@ def get_grad_scaler(distributed_type=None, **kwargs):
     ``kwargs`` go to the scaler's constructor (``init_scale``, ``growth_interval``, ``enabled``, ``device`` ...).
     """
     kwargs.setdefault("device", _device_type())
+    # Accelerate's signature names the backend; FSDP's sharded gradients need the sharded scaler
     if distributed_type is not None and DistributedType.parse(distributed_type, "distributed_type") == \
             DistributedType.FSDP:
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -59,20 +62,16 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     """``torch.autocast`` for the run's device and mixed precision, or a ``nullcontext`` when ``native_amp`` is
     False (mixed precision off).
 
-    The dtype is the running strategy's precision's ``autocast_dtype`` once an Accelerator exists (a backend
-    whose engine casts itself leaves it None), else from ``AcceleratorState().mixed_precision``: ``fp16`` ->
-    float16, ``bf16`` and ``fp8`` -> bfloat16; otherwise the device's autocast default. ``autocast_kwargs`` (dict or ``AutocastKwargs``) go to ``torch.autocast``.
+    The dtype follows ``AcceleratorState().mixed_precision`` once a state exists: ``fp16`` -> float16, ``bf16`` and
+    ``fp8`` -> bfloat16; otherwise the device's autocast default. ``autocast_kwargs`` (dict or ``AutocastKwargs``)
+    go to ``torch.autocast``.
     """
     options = _autocast_options(autocast_kwargs)
     if not native_amp:
         return contextlib.nullcontext()
-    from .state import AcceleratorState
+    from ..state import AcceleratorState
 
-    dtype = None
-    if AcceleratorState._shared_state:
-        state = AcceleratorState()
-        precision = getattr(state, "precision", None)  # the running strategy's, which decides (engines cast themselves)
-        dtype = precision.autocast_dtype if precision is not None else _AUTOCAST_DTYPES.get(state.mixed_precision)
+    dtype = _AUTOCAST_DTYPES.get(AcceleratorState().mixed_precision) if AcceleratorState._shared_state else None
     if dtype is not None:
         options.setdefault("dtype", dtype)
     return torch.autocast(device_type=_device_type(), **options)
@@ -96,11 +95,11 @@ class _AutocastForward:
         return convert_to_fp32(outputs)
 
 
-class MixedPrecision:
-    """The run's mixed precision, in one place: autocast, the fp16 loss scaler, model forward wrapping.
+class MixedPrecision(Precision):
+    """Mixed precision through torch's autocast: the fp16 loss scaler, forwards wrapped in autocast.
 
     Parameters:
-        mode: "no", "fp16", "bf16" or "fp8".
+        mode: "no", "fp16" or "bf16" ("fp8": ``Float8Precision``, ``fp8.py``).
         device: the device the model computes on.
         scaler_kwargs: a ``GradScalerKwargs`` (fp16 only).
         autocast_kwargs: an ``AutocastKwargs`` applied to every autocast region.
@@ -125,8 +124,6 @@ class MixedPrecision:
             options = scaler_kwargs.to_kwargs() if scaler_kwargs is not None else {}
             options["device"] = device.type
             self.scaler = (scaler_class or torch.amp.GradScaler)(**options)
-        elif mode == "fp8":
-            _check_fp8_available(device)
 
     @property
     def native_amp(self) -> bool:
@@ -145,8 +142,6 @@ class MixedPrecision:
         """Make ``model.forward`` run under autocast and return fp32 outputs (no-op without mixed precision)."""
         if not self.native_amp or isinstance(model.__dict__.get("forward"), _AutocastForward):
             return model
-        if self.mode == "fp8":
-            model = _convert_to_fp8(model)
         model._original_forward = model.forward
         model.forward = _AutocastForward(model.forward, self)
         return model
@@ -159,20 +154,3 @@ def _warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)
         warnings.warn(message, stacklevel=3)
-
-
-def _check_fp8_available(device: torch.device) -> None:
-    from .core.imports import is_torchao_available
-
-    if not is_torchao_available():
-        raise ImportError("mixed_precision='fp8' trains through torchao, which is not installed: pip install 'hasten[fp8]' "
-                          "(or use mixed_precision='bf16').")
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-        raise RuntimeError(f"mixed_precision='fp8' needs a GPU with fp8 support (compute capability 8.9 or newer, "
-                           f"e.g. H100/L40/RTX 4090); this run computes on {device}. Use mixed_precision='bf16'.")
-
-
-def _convert_to_fp8(model):
-    from torchao.float8 import convert_to_float8_training
-
-    return convert_to_float8_training(model)

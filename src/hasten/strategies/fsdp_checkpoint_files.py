@@ -30,7 +30,7 @@ _MODEL = "pytorch_model_fsdp"
 
 
 def _strategy(accelerator, what: str):
-    from ..strategies.fsdp import FSDPStrategy
+    from .fsdp import FSDPStrategy
 
     strategy = accelerator.strategy
     if not isinstance(strategy, FSDPStrategy):
@@ -168,7 +168,7 @@ def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping:
 
 def fsdp2_apply_ac(accelerator, model: torch.nn.Module):
     """Activation checkpointing on the plugin's wrap units (or the model's children), in place; returns ``model``."""
-    from ..strategies.fsdp_wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
+    from .fsdp_wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
 
     plugin = _strategy(accelerator, "fsdp2_apply_ac").plugin
     apply_activation_checkpointing(model, wrap_units(model, wrap_policy(model, plugin)),

@@ -14,7 +14,7 @@ import pickle
 import torch
 import torch.distributed as dist
 
-from .collective_check import DistributedOperationException, _all_gather_flat, eager_bytes, exchange_header_eager
+from .checks import DistributedOperationException, _all_gather_flat, eager_bytes, exchange_header_eager
 
 __all__ = ["gather_objects_checked", "broadcast_objects_checked"]
 

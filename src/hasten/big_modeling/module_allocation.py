@@ -11,7 +11,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from ..big_modeling.sizes import convert_file_size_to_int
+from .sizes import convert_file_size_to_int
 
 __all__ = ["get_module_leaves", "get_module_size_with_ties", "fallback_allocate"]
 

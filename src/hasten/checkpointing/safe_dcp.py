@@ -110,7 +110,7 @@ class _CountedReads:
     _bar = None
 
     def create_local_plan(self):
-        from .progress import progress_bar
+        from ..progress import progress_bar
 
         plan = super().create_local_plan()
         self._bar = progress_bar(total=len(plan.items), desc="Reading checkpoint shards", unit="piece")

@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core.modules import id_tensor_storage
 from ..state import PartialState
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "clean_state_dict_for_safetensors"]
 
 logger = logging.getLogger(__name__)
 
@@ -195,3 +196,49 @@ def load(f, map_location=None, **kwargs):
         return torch.load(f, map_location=map_location, **kwargs)
     with torch.serialization.safe_globals(_numpy_safe_globals()):
         return torch.load(f, map_location=map_location, **kwargs)
+
+
+def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
+    """A state dict safetensors can write: each tensor once, contiguous and owning its memory.
+
+    Names that are aliases of an earlier name (tied weights: the same tensor twice) are removed from
+    ``state_dict`` itself, with a warning, as the reference does. Tensors that merely share memory with another
+    (different views of one storage, e.g. a fused QKV weight split in three) are kept, each from its own copy:
+    dropping them, as the reference does, would lose their data. Non-tensor values are kept as they are.
+    """
+    from .serialization import _tensors_for_safetensors
+
+    first_name = {}
+    aliases = []
+    for name, value in state_dict.items():
+        if not _is_tensor(value) or value.device.type == "meta" or value.numel() == 0:
+            continue
+        view = (id_tensor_storage(value), value.storage_offset(), value.dtype, tuple(value.shape),
+                tuple(value.stride()))
+        if view in first_name:
+            aliases.append(name)
+        else:
+            first_name[view] = name
+    for name in aliases:
+        del state_dict[name]
+    if aliases:
+        logger.warning("Removed shared tensor %s while saving (tied weights, stored once). This is fine if the "
+                       "model re-ties them when loading.", set(aliases))
+    tensors = _tensors_for_safetensors({name: value for name, value in state_dict.items() if _is_tensor(value)})
+    return {name: tensors.get(name, value) for name, value in state_dict.items()}
+
+
+def _is_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def __getattr__(name: str):
+    if name == "TORCH_SAFE_GLOBALS":
+        # What torch.load(weights_only=True) is allowed to rebuild besides tensors: NumPy arrays and dtypes
+        # (saved RNG states hold them). hasten.utils.load allows these by itself.
+        from .serialization import _numpy_safe_globals
+
+        value = _numpy_safe_globals()
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

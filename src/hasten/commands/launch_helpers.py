@@ -1,0 +1,130 @@
+"""Accelerate's launch helpers: the command and environment ``hasten launch`` would use, for code that builds its own.
+
+They take the namespace of ``hasten.commands.launch.launch_command_parser()`` and go through the same plan as
+``hasten launch`` (``hasten.commands.launch_plan``): flags, config file and SLURM resolved once, checked before
+anything starts. Helpers of backends hasten does not have yet (TPU, SageMaker, ...) raise
+``NotYetSupportedError``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .launch_options import backend_not_yet_supported
+
+__all__ = ["PrepareForLaunch", "prepare_simple_launcher_cmd_env", "prepare_multi_gpu_env",
+           "prepare_deepspeed_cmd_env", "prepare_tpu", "prepare_sagemager_args_inputs",
+           "prepare_extend_env_parallelism_config", "setup_fp8_env", "env_var_path_add"]
+
+
+def _filter_args(args, parser, default_args=[]):  # noqa: B006 - Accelerate's signature
+    """``parser``'s namespace (from ``default_args``) with the values ``args`` has for the same names."""
+    new_args, _ = parser.parse_known_args(default_args)
+    for key, value in vars(args).items():
+        if key in vars(new_args):
+            setattr(new_args, key, value)
+    return new_args
+
+
+def _plan(args):
+    """``hasten launch``'s plan for ``args`` (its config file read as ``hasten launch`` reads it)."""
+    from .launch import build_plan, load_launch_config
+
+    path, config = load_launch_config(getattr(args, "config_file", None))
+    return build_plan(args, config, path)
+
+
+def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple:
+    """``(command, environment)`` that run the job as ``hasten launch`` does: torchrun's agent in a new process."""
+    plan = _plan(args)
+    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args], {**os.environ, **plan.env}
+
+
+def prepare_multi_gpu_env(args: argparse.Namespace) -> dict:
+    """The workers' environment (this process's plus what ``hasten launch`` adds).
+
+    ``args`` also receives torchrun's settings (``nproc_per_node``, ``nnodes``, ``master_port`` ...), so
+    ``_filter_args(args, torch.distributed.run.get_args_parser(), ...)`` yields the same torchrun call.
+    """
+    from torch.distributed import run as torchrun
+
+    plan = _plan(args)
+    for name, value in vars(torchrun.parse_args(plan.torchrun_args)).items():
+        if name not in ("training_script", "training_script_args", "module", "no_python"):
+            setattr(args, name, value)
+    return {**os.environ, **plan.env}
+
+
+def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple:
+    """``(command, environment)`` of a DeepSpeed job as ``hasten launch --use_deepspeed`` runs it: DeepSpeed's
+    multi-node runner when the job spans machines with a hostfile / DeepSpeed launcher, else torchrun's agent."""
+    if not getattr(args, "use_deepspeed", False):
+        args.use_deepspeed = True
+    plan = _plan(args)
+    if plan.deepspeed_runner is not None:
+        return list(plan.deepspeed_runner.argv), {**os.environ, **plan.env, **plan.deepspeed_runner.env}
+    return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args], {**os.environ, **plan.env}
+
+
+def prepare_tpu(args: argparse.Namespace, current_env: dict, pod: bool = False):
+    raise backend_not_yet_supported("TPU")
+
+
+def prepare_sagemager_args_inputs(sagemaker_config, args: argparse.Namespace):
+    raise backend_not_yet_supported("Amazon SageMaker")
+
+
+def prepare_extend_env_parallelism_config(args: argparse.Namespace, current_env: dict):
+    from .launch_parallelism import extend_env
+
+    return extend_env(args, current_env)
+
+
+def setup_fp8_env(args: argparse.Namespace, current_env: dict) -> dict:
+    """``current_env`` unchanged when no ``--fp8_*`` recipe option is set; the recipe options are not supported yet."""
+    given = sorted(name for name, value in vars(args).items() if name.startswith("fp8_") and value is not None)
+    if given:
+        raise backend_not_yet_supported("FP8", ["--" + name for name in given])
+    return current_env
+
+
+def env_var_path_add(env_var_name: str, path_to_add) -> str:
+    """The value of the path list ``env_var_name`` with ``path_to_add`` appended (the caller sets it)."""
+    paths = [path for path in os.environ.get(env_var_name, "").split(os.pathsep) if path]
+    return os.pathsep.join([*paths, str(path_to_add)])
+
+
+class PrepareForLaunch:
+    """Wrap ``launcher`` for spawned processes (``torch.multiprocessing.spawn`` style): process ``index`` gets its
+    ranks in the environment before ``launcher(*args)`` runs.
+
+    ``hasten launch`` and ``notebook_launcher`` do not need it (torchrun's agent sets the ranks); it is for code
+    that spawns processes itself. With ``debug=True`` the processes form a gloo group through the file named by
+    ``HASTEN_DEBUG_RDV_FILE`` (Accelerate's ``debug_launcher`` protocol).
+    """
+
+    def __init__(self, launcher, distributed_type="NO", debug=False):
+        from ..config.enums import DistributedType
+
+        self.launcher = launcher
+        self.distributed_type = DistributedType(distributed_type)
+        self.debug = debug
+
+    def __call__(self, index, *args):
+        from ..config.enums import DistributedType
+
+        if self.debug:
+            import torch.distributed as dist
+
+            from ..core.env_aliases import get_setting
+
+            world_size = int(os.environ["WORLD_SIZE"])
+            store = dist.FileStore(get_setting("debug_rdv_file"), world_size)
+            dist.init_process_group("gloo", rank=index, store=store, world_size=world_size)
+        elif self.distributed_type not in (DistributedType.NO, DistributedType.XLA):
+            os.environ["LOCAL_RANK"] = str(index)
+            per_machine = int(os.environ.get("NPROC", 1))
+            os.environ["RANK"] = str(per_machine * int(os.environ.get("NODE_RANK", 0)) + index)
+        os.environ["FORK_LAUNCHED"] = "1"
+        self.launcher(*args)

@@ -1,0 +1,21 @@
+"""Precision: one interface (``base.py``), one class per family, chosen by the strategy together with itself.
+
+- ``MixedPrecision`` (``autocast.py``): torch's autocast and the fp16 loss scaler (single device, DDP, FSDP, TP);
+- ``Float8Precision`` (``fp8.py``): fp8 linear layers through torchao, bf16 autocast for the rest;
+- ``EnginePrecision`` (``engine.py``): an engine that casts and scales itself (DeepSpeed); inputs cast only.
+"""
+from .autocast import MixedPrecision, get_grad_scaler, get_mixed_precision_context_manager
+from .base import Precision
+from .engine import EnginePrecision
+
+__all__ = ["Precision", "MixedPrecision", "EnginePrecision", "autocast_precision", "get_grad_scaler",
+           "get_mixed_precision_context_manager"]
+
+
+def autocast_precision(mode: str, device, scaler_kwargs=None, autocast_kwargs=None, scaler_class=None) -> Precision:
+    """The autocast family's precision for ``mode`` ("no", "fp16", "bf16"; "fp8" trains through torchao)."""
+    if mode == "fp8":
+        from .fp8 import Float8Precision
+
+        return Float8Precision(device, scaler_kwargs, autocast_kwargs, scaler_class)
+    return MixedPrecision(mode, device, scaler_kwargs, autocast_kwargs, scaler_class)

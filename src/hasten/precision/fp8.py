@@ -1,0 +1,97 @@
+"""The fp8 family: training with torchao's ``Float8Linear`` (``mixed_precision="fp8"``, ``Float8Precision``), and
+Accelerate's ``accelerate.utils.ao`` helpers.
+
+The layer filters and ``has_ao_layers`` work without torchao; ``Float8Precision`` and ``convert_model_to_fp8_ao``
+need it (an ``ImportError`` naming the extra otherwise) and import it only when used.
+"""
+from __future__ import annotations
+
+import sys
+from functools import partial
+from typing import TYPE_CHECKING, Callable, Optional
+
+import torch
+
+from ..config.fp8 import FP8BackendType
+from ..core.imports import is_torchao_available, require_extra
+from .autocast import MixedPrecision
+
+if TYPE_CHECKING:
+    from torchao.float8 import Float8LinearConfig
+
+__all__ = ["Float8Precision", "find_first_last_linear_layers", "filter_linear_layers",
+           "filter_first_and_last_linear_layers", "has_ao_layers", "convert_model_to_fp8_ao"]
+
+
+class Float8Precision(MixedPrecision):
+    """fp8 training through torchao: linear layers become ``Float8Linear`` (torchao's default conversion), the
+    rest computes under bf16 autocast. Needs torchao and a GPU of compute capability 8.9 or newer."""
+
+    fp8_backend = FP8BackendType.AO
+
+    def __init__(self, device: torch.device, scaler_kwargs=None, autocast_kwargs=None, scaler_class=None):
+        if not is_torchao_available():
+            raise ImportError("mixed_precision='fp8' trains through torchao, which is not installed: pip install "
+                              "'hasten[fp8]' (or use mixed_precision='bf16').")
+        if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+            raise RuntimeError(f"mixed_precision='fp8' needs a GPU with fp8 support (compute capability 8.9 or newer, "
+                               f"e.g. H100/L40/RTX 4090); this run computes on {device}. Use mixed_precision='bf16'.")
+        super().__init__("fp8", device, scaler_kwargs, autocast_kwargs, scaler_class)
+
+    def wrap_forward(self, model):
+        """Convert the linear layers to fp8 (once), then run the forward under bf16 autocast."""
+        if not has_ao_layers(model):
+            from torchao.float8 import convert_to_float8_training
+
+            model = convert_to_float8_training(model)
+        return super().wrap_forward(model)
+
+
+def find_first_last_linear_layers(model: torch.nn.Module):
+    """Names of the first and the last ``nn.Linear`` of ``model`` (``(None, None)`` when it has none).
+
+    fp8 training keeps them in higher precision: quantizing them tends to make training unstable.
+    """
+    first, last = None, None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            first = name if first is None else first
+            last = name
+    return first, last
+
+
+def filter_linear_layers(module, fqn: str, layers_to_filter: list[str]) -> bool:
+    """Whether ``module`` (named ``fqn``) may be converted to fp8: not in ``layers_to_filter``, and, for a linear
+    layer, both dimensions divisible by 16."""
+    if isinstance(module, torch.nn.Linear) and (module.in_features % 16 or module.out_features % 16):
+        return False
+    return fqn not in layers_to_filter
+
+
+def filter_first_and_last_linear_layers(module, fqn: str) -> bool:
+    """``filter_linear_layers`` that also keeps the first and last linear layers of ``module`` out."""
+    first, last = find_first_last_linear_layers(module)
+    return filter_linear_layers(module, fqn, layers_to_filter=[first, last])
+
+
+def has_ao_layers(model: torch.nn.Module):
+    """Whether ``model`` holds torchao ``Float8Linear`` layers."""
+    float8_linear = sys.modules.get("torchao.float8.float8_linear")
+    if float8_linear is None:  # never imported, so no such layer can exist
+        return False
+    return any(isinstance(module, float8_linear.Float8Linear) for module in model.modules())
+
+
+def convert_model_to_fp8_ao(model: torch.nn.Module, config: Optional["Float8LinearConfig"] = None,
+                            module_filter_func: Optional[Callable] = None):
+    """Convert ``model``'s linear layers to torchao's ``Float8Linear`` in place.
+
+    config: a ``torchao.float8.Float8LinearConfig`` (default: torchao's). module_filter_func: ``(module, fqn) ->
+    bool``, which layers to convert; default: every linear layer with dimensions divisible by 16 except the first
+    and the last, which stay in higher precision for stability.
+    """
+    float8 = require_extra("torchao.float8", "fp8 training through torchao")
+    if module_filter_func is None:
+        first, last = find_first_last_linear_layers(model)
+        module_filter_func = partial(filter_linear_layers, layers_to_filter=[first, last])
+    float8.convert_to_float8_training(model, module_filter_fn=module_filter_func, config=config)
