@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Optional
 
 from . import layout
-from .errors import IncompleteCheckpointError, UnsafeCheckpointError
+from .errors import IncompleteCheckpointError
 from .full_state_reader import LoadedState, apply_full_state, read_full_state
+from .deepspeed_reader import check_trusted
 from .full_state_writer import write_full_state
 from .snapshot import Snapshot, take_snapshot
 from .targets import CheckpointTargets
@@ -137,20 +138,6 @@ class DeepSpeedCheckpointIO:
             else:
                 names = strategy.optimizer_parameter_names(load.engine, load.optimizer) if load.optimizer else []
                 load_full_state(load.engine, load.weights, load.optimizer_state, names, strict=strict)
-
-
-def check_trusted(folder: Path, marker: Optional[dict], load_kwargs: Optional[dict]) -> None:
-    """DeepSpeed's checkpoint files are pickles of its own classes, and unpickling can run code: they are read only
-    from a checkpoint hasten's ``save_state`` completed (its completion marker is there, with every file's checksum)
-    or one the caller says it trusts (``load_kwargs={"weights_only": False}``)."""
-    from .safe_load import UNSAFE_OPT_IN
-
-    if marker is not None or (load_kwargs or {}).get("weights_only", True) is False:
-        return
-    raise UnsafeCheckpointError(
-        f"{folder} holds a DeepSpeed engine checkpoint that hasten's save_state did not complete (it has no completion "
-        "marker): DeepSpeed writes pickles, which can run code when they are loaded. Nothing was loaded. If you trust "
-        f"this folder, load it with {UNSAFE_OPT_IN}.")
 
 
 def _dtype_name(engine) -> str:

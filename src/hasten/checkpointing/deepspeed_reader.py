@@ -40,9 +40,12 @@ from typing import Optional
 
 import torch
 
-from .errors import CorruptCheckpointError, IncompleteCheckpointError
+from . import layout
+from .errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
+from .optimizer_names import by_name
+from .safe_load import UNSAFE_OPT_IN
 
-__all__ = ["is_deepspeed_checkpoint", "read_deepspeed_layout", "read_deepspeed_checkpoint",
+__all__ = ["DeepSpeedCheckpointFormat", "check_trusted", "is_deepspeed_checkpoint", "read_deepspeed_layout", "read_deepspeed_checkpoint",
            "deepspeed_parameter_names"]
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
@@ -406,3 +409,36 @@ def deepspeed_parameter_names(folder) -> list:
         groups = first["optimizer_state_dict"]["param_groups"]
         return [[n for position in group["params"] for n in shapes[position]] for group in groups]
     return _stage0_state(_load(folder / MODEL_FILE, mmap=True), layout["optimizer"])[2]
+
+
+def check_trusted(folder: Path, marker: Optional[dict], load_kwargs: Optional[dict]) -> None:
+    """DeepSpeed's checkpoint files are pickles of its own classes, and unpickling can run code: they are read only
+    from a checkpoint hasten's ``save_state`` completed (its completion marker is there, with every file's checksum)
+    or one the caller says it trusts (``load_kwargs={"weights_only": False}``)."""
+    if marker is not None or (load_kwargs or {}).get("weights_only", True) is False:
+        return
+    raise UnsafeCheckpointError(
+        f"{folder} holds a DeepSpeed engine checkpoint that hasten's save_state did not complete (it has no completion "
+        "marker): DeepSpeed writes pickles, which can run code when they are loaded. Nothing was loaded. If you trust "
+        f"this folder, load it with {UNSAFE_OPT_IN}.")
+
+
+class DeepSpeedCheckpointFormat:
+    """A DeepSpeed engine's checkpoint folder (``pytorch_model[_i]/``), which every strategy reads whole: the
+    full-state reader's ``EngineCheckpointFormat`` for DeepSpeed (``Strategy.engine_checkpoint_formats``)."""
+
+    def folder(self, checkpoint: Path, index: int) -> Path:
+        return Path(checkpoint) / layout.deepspeed_folder(index)
+
+    def recognises(self, path: Path) -> bool:
+        return is_deepspeed_checkpoint(path)
+
+    def check_trusted(self, checkpoint: Path, marker: Optional[dict], load_kwargs: Optional[dict]) -> None:
+        check_trusted(checkpoint, marker, load_kwargs)
+
+    def read_weights(self, path: Path) -> dict:
+        return read_deepspeed_checkpoint(path, with_optimizer=False)[0]
+
+    def read_optimizer(self, path: Path) -> tuple:
+        _, state = read_deepspeed_checkpoint(path, with_optimizer=True)
+        return by_name(state, deepspeed_parameter_names(path)), state["param_groups"]

@@ -4,6 +4,10 @@
 (model keys and shapes, optimizer parameter groups, the random states' fields) without changing anything;
 ``apply_full_state`` then applies it all, models last, and puts back what it already applied if a step fails.
 Between the two, ``loading.py`` makes every process agree that reading succeeded everywhere.
+
+Besides full files and DCP shards, a model's weights and optimizer state may be an engine's own checkpoint folder
+(DeepSpeed's): the strategy lists the formats it can read whole as ``strategy.engine_checkpoint_formats``
+(``EngineCheckpointFormat``), so this reader names no backend.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Protocol, Sequence
 
 import torch
 
@@ -26,12 +30,35 @@ from .optimizer_names import by_position
 from .sharded_files import is_sharded_folder, model_weights_from_shards, optimizer_state_from_shards
 from .targets import CheckpointTargets
 
-__all__ = ["LoadedState", "read_full_state", "apply_full_state", "model_path"]
+__all__ = ["LoadedState", "read_full_state", "apply_full_state", "model_path", "EngineCheckpointFormat"]
 
 logger = logging.getLogger(__name__)
 
 
-def model_path(folder: Path, index: int) -> Path:
+class EngineCheckpointFormat(Protocol):
+    """An engine's own checkpoint of one model and its optimizer, which the full-state reader can read whole."""
+
+    def folder(self, checkpoint: Path, index: int) -> Path:
+        """Where model ``index``'s engine checkpoint is inside ``checkpoint``."""
+
+    def recognises(self, path: Path) -> bool:
+        """Whether ``path`` is such a checkpoint."""
+
+    def check_trusted(self, checkpoint: Path, marker: Optional[dict], load_kwargs: Optional[dict]) -> None:
+        """Raise before anything is read when the files may not be unpickled."""
+
+    def read_weights(self, path: Path) -> dict:
+        """The model's full state dict."""
+
+    def read_optimizer(self, path: Path) -> tuple:
+        """``(state keyed by parameter name, param_groups)`` of the optimizer."""
+
+
+def _engine_format(path: Path, formats: Sequence[EngineCheckpointFormat]):
+    return next((fmt for fmt in formats if path.is_dir() and fmt.recognises(path)), None)
+
+
+def model_path(folder: Path, index: int, formats: Sequence[EngineCheckpointFormat] = ()) -> Path:
     safe = folder / layout.model_file(index, True)
     if safe.is_file():
         return safe
@@ -44,9 +71,10 @@ def model_path(folder: Path, index: int) -> Path:
     gathered = folder / ("pytorch_model_fsdp.bin" if index == 0 else f"pytorch_model_fsdp_{index}.bin")
     if gathered.is_file():  # the reference library's FSDP full state dict
         return gathered
-    engine = folder / layout.deepspeed_folder(index)
-    if _is_deepspeed(engine):  # a DeepSpeed engine's own checkpoint: rebuilt whole here
-        return engine
+    for fmt in formats:  # an engine's own checkpoint: rebuilt whole here
+        engine = fmt.folder(folder, index)
+        if _engine_format(engine, (fmt,)) is not None:
+            return engine
     raise IncompleteCheckpointError(
         f"Checkpoint {folder} has no weights for model {index}: neither {safe.name} nor {pickled.name} exists. "
         "Load a checkpoint saved with the same prepared models."
@@ -66,30 +94,22 @@ def _require(folder: Path, name: str, what: str, sharded: Optional[str] = None) 
     return path
 
 
-def _is_deepspeed(path: Path) -> bool:
-    from .deepspeed_reader import is_deepspeed_checkpoint
-
-    return path.is_dir() and is_deepspeed_checkpoint(path)
-
-
-def _optimizer_path(folder: Path, index: int) -> Path:
-    engine = folder / layout.deepspeed_folder(index)
-    if not (folder / layout.optimizer_file(index)).is_file() and _is_deepspeed(engine):
-        return engine
+def _optimizer_path(folder: Path, index: int, formats: Sequence[EngineCheckpointFormat]) -> Path:
+    if not (folder / layout.optimizer_file(index)).is_file():
+        for fmt in formats:
+            engine = fmt.folder(folder, index)
+            if _engine_format(engine, (fmt,)) is not None:
+                return engine
     return _require(folder, layout.optimizer_file(index), f"optimizer {index}", f"optimizer_{index}")
 
 
-def _deepspeed_optimizer_state(strategy, path: Path, owner, optimizer) -> dict:
-    """A DeepSpeed checkpoint's optimizer state, rebuilt whole and laid out by this run's parameter positions."""
-    from .deepspeed_reader import deepspeed_parameter_names, read_deepspeed_checkpoint
-    from .optimizer_names import by_name
-
+def _engine_optimizer_state(strategy, fmt: EngineCheckpointFormat, path: Path, owner, optimizer) -> dict:
+    """An engine checkpoint's optimizer state, rebuilt whole and laid out by this run's parameter positions."""
     if owner is None:
         raise CheckpointError(f"{path} keys the optimizer's state by parameter name, and the prepared "
                               f"{type(optimizer).__name__} trains no prepared model: prepare its model too.")
-    _, state = read_deepspeed_checkpoint(path, with_optimizer=True)
-    named = by_name(state, deepspeed_parameter_names(path))
-    return by_position(named, strategy.optimizer_parameter_names(owner, optimizer), state["param_groups"])
+    named, param_groups = fmt.read_optimizer(path)
+    return by_position(named, strategy.optimizer_parameter_names(owner, optimizer), param_groups)
 
 
 def _count(folder: Path, name_of) -> int:
@@ -111,10 +131,11 @@ def _weights_only(load_kwargs: Optional[dict]) -> bool:
 class _Plan:
     """Every file this process will read, found (or reported missing) before anything is loaded."""
 
-    def __init__(self, targets: CheckpointTargets, folder: Path, marker: Optional[dict], models: list):
+    def __init__(self, targets: CheckpointTargets, folder: Path, marker: Optional[dict], models: list,
+                 formats: Sequence[EngineCheckpointFormat]):
         state = PartialState()
-        self.models = [model_path(folder, index) for index in range(len(models))]
-        self.optimizers = [_optimizer_path(folder, i) for i in range(len(targets.optimizers))]
+        self.models = [model_path(folder, index, formats) for index in range(len(models))]
+        self.optimizers = [_optimizer_path(folder, i, formats) for i in range(len(targets.optimizers))]
         self.schedulers = [_require(folder, layout.scheduler_file(i), f"scheduler {i}")
                            for i in range(len(targets.schedulers))]
         self.scaler = (_require(folder, layout.SCALER_NAME, "the fp16 gradient scaler")
@@ -222,18 +243,18 @@ def read_full_state(strategy, folder: Path, marker: Optional[dict], targets: Che
     models = list(targets.models)
     for hook in list(targets.load_hooks):
         hook(models, str(folder))
-    plan = _Plan(targets, folder, marker, models)
-    if any(_is_deepspeed(path) for path in plan.models + plan.optimizers):  # pickles: only when trusted
-        from .deepspeed_io import check_trusted
-
-        check_trusted(folder, marker, load_kwargs)
+    formats = tuple(getattr(strategy, "engine_checkpoint_formats", ()))
+    plan = _Plan(targets, folder, marker, models, formats)
+    for path in plan.models + plan.optimizers:  # an engine's own files (pickles): only when trusted
+        fmt = _engine_format(path, formats)
+        if fmt is not None:
+            fmt.check_trusted(folder, marker, load_kwargs)
     loaded = LoadedState()
     for index, (model, path) in enumerate(zip(models, plan.models)):
         what = f"weights of model {index}"
-        if _is_deepspeed(path):
-            from .deepspeed_reader import read_deepspeed_checkpoint
-
-            state, _ = read_deepspeed_checkpoint(path, with_optimizer=False)
+        fmt = _engine_format(path, formats)
+        if fmt is not None:
+            state = fmt.read_weights(path)
         elif path.is_dir():
             state = model_weights_from_shards(path, weights_only=_weights_only(load_kwargs))
         elif path.suffix == ".safetensors":
@@ -247,8 +268,9 @@ def read_full_state(strategy, folder: Path, marker: Optional[dict], targets: Che
         _check_model(folder, path, strategy, model, state, strict)
         loaded.models.append((model, state))
     for index, (optimizer, path) in enumerate(zip(targets.optimizers, plan.optimizers)):
-        if _is_deepspeed(path):
-            state = _deepspeed_optimizer_state(strategy, path, targets.model_of(optimizer), optimizer)
+        fmt = _engine_format(path, formats)
+        if fmt is not None:
+            state = _engine_optimizer_state(strategy, fmt, path, targets.model_of(optimizer), optimizer)
         elif path.is_dir():
             owner = targets.model_of(optimizer)
             if owner is None:

@@ -380,7 +380,7 @@ class DeepSpeedPlugin:
         if not self.hf_ds_config.is_zero3():
             raise ValueError("zero3_init builds models partitioned for ZeRO stage 3, and this plugin's stage is "
                              f"{self.hf_ds_config.get_value('zero_optimization.stage')}: use zero_stage=3.")
-        from ..strategies.deepspeed import require_deepspeed
+        from ..core.imports import require_deepspeed
 
         deepspeed = require_deepspeed()
         return deepspeed.zero.Init(config_dict_or_path=self._config_for_construction(), **kwargs)
@@ -408,7 +408,7 @@ class DeepSpeedPlugin:
         if missing:
             raise ValueError(f"transformer_moe_cls_names names {missing}, which the model does not have; its module "
                              f"classes are: {sorted(present)}.")
-        from ..strategies.deepspeed import require_deepspeed
+        from ..core.imports import require_deepspeed
 
         require_deepspeed()
         from deepspeed.utils import set_z3_leaf_modules

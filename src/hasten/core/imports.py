@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import os
 import sys
 
 from .env_vars import parse_flag_from_env, patch_environment
@@ -444,3 +445,16 @@ def require_extra(module: str, feature: str | None = None):
     extra, purpose = next((EXTRAS[p] for p in prefixes if p in EXTRAS), (None, module))
     how = f"pip install 'hasten[{extra}]'" if extra else f"pip install {module.split('.')[0]}"
     raise ImportError(f"{feature or purpose} needs the `{module}` package, which is not installed: {how}")
+
+
+def require_deepspeed():
+    """Import deepspeed (on a CPU-only run, on its CPU accelerator); a clear error when it is not installed."""
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ImportError("DeepSpeed is not installed: pip install 'hasten[deepspeed]' (the deepspeed package).")
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    return deepspeed

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..checkpointing.checkpoint_io import FullStateCheckpointIO
+from ..checkpointing.deepspeed_reader import DeepSpeedCheckpointFormat
 from ..config.enums import DistributedType
 from ..config.kwargs import AutocastKwargs, GradScalerKwargs
 from ..core.modules import extract_model_from_parallel
@@ -40,6 +41,8 @@ class Strategy:
     prepares_models_with_optimizers: bool = False
     #: how state becomes files in the staging folder and back (``checkpointing/checkpoint_io.py``)
     checkpoint_io = FullStateCheckpointIO()
+    #: engine checkpoints the full-state reader reads whole (another backend's, for loading across strategies)
+    engine_checkpoint_formats: tuple = (DeepSpeedCheckpointFormat(),)
     #: whether ``save_state(async_save=True)`` may write in a background thread (an engine that writes its own
     #: files collectively cannot)
     supports_async_save: bool = True

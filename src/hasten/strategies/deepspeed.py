@@ -28,23 +28,11 @@ from torch import nn
 
 from ..config.enums import DistributedType
 from ..collectives.operations import convert_to_fp32
+from ..core.imports import require_deepspeed
 from ..precision.engine import EnginePrecision
 from .base import Strategy
 
-__all__ = ["DeepSpeedStrategy", "require_deepspeed", "deepspeed_required"]
-
-
-def require_deepspeed():
-    """Import deepspeed (on a CPU-only run, on its CPU accelerator); a clear error when it is not installed."""
-    import importlib.util
-
-    if importlib.util.find_spec("deepspeed") is None:
-        raise ImportError("DeepSpeed is not installed: pip install 'hasten[deepspeed]' (the deepspeed package).")
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
-
-    return deepspeed
+__all__ = ["DeepSpeedStrategy", "deepspeed_required"]
 
 
 @dataclass

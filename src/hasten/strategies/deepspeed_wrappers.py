@@ -27,7 +27,7 @@ def map_pytorch_optim_to_deepspeed(optimizer):
     ``DeepSpeedCPUAdam`` (``adamw_mode`` for AdamW), ``Adagrad`` becomes ``DeepSpeedCPUAdagrad``, with the same
     parameter groups and hyperparameters. Other optimizers are returned as they are (DeepSpeed then runs them on
     the CPU with ``zero_force_ds_cpu_optimizer: false``)."""
-    from .deepspeed import require_deepspeed
+    from ..core.imports import require_deepspeed
 
     require_deepspeed()
     defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "weight_decay")}
