@@ -149,7 +149,7 @@ def paired_steps(out: Path) -> None:
 
 def checkpoint_costs(accelerator) -> dict:
     from hasten.checkpointing.checkpoint_io import FullStateCheckpointIO
-    from hasten.checkpointing.sharded_io import ShardedCheckpointIO
+    from hasten.strategies.fsdp.sharded_io import ShardedCheckpointIO
 
     costs = {"rss_after_training": peak_rss_mb()}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as work:

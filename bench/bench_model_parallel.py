@@ -209,7 +209,7 @@ def pipeline_worker(out: Path) -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from hasten.parallel.pipeline import build_pipeline, split_model
+    from hasten.strategies.model_parallel.pipeline import build_pipeline, split_model
     from hasten.state import PartialState
 
     PartialState()

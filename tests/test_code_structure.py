@@ -1,7 +1,9 @@
 """Structure rules for the source tree, checked by reading the code (nothing is imported).
 
-* No import cycles inside a package: two modules that import each other, even from inside a function, are one
+* No import cycle anywhere in the package: two modules that import each other, even from inside a function, are one
   job split badly; the shared piece belongs in a module both can import.
+* Floors: every room (top-level package or module) has a floor, and no module imports a room above its own; the
+  faces (Accelerate's import paths) sit on top and hold nothing but re-exports.
 * No module hides behind a leading underscore: a module other modules import is part of the structure, and its
   name should say so. Privacy is expressed by the package's ``__all__`` / export table instead.
 """
@@ -14,19 +16,6 @@ import pytest
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = "hasten"
-
-# Packages that must have no import cycle among their own modules (the package __init__ included).
-ACYCLIC_PACKAGES = ("hasten.big_modeling", "hasten.data", "hasten.utils")
-
-# Cycles left to the owners of the files involved, each a set of modules allowed to form one cycle. The test
-# fails when a listed cycle is gone (remove it from here) and when any other cycle appears.
-KNOWN_CYCLES: dict[str, list[frozenset]] = {
-    "hasten.utils": [
-        # Accelerate's import path hasten.utils.operations must also offer the pipeline-inference helpers, which
-        # build on the collectives: operations serves them lazily from pipeline_io (a compatibility re-export).
-        frozenset({"hasten.utils.operations", "hasten.utils.pipeline_io"}),
-    ],
-}
 
 # Folders whose modules may still start with an underscore (none: the CLI package has been renamed).
 UNDERSCORE_EXEMPT_FOLDERS = ()
@@ -180,18 +169,6 @@ def test_the_scan_sees_cycles_through_a_package_init(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the rules
-@pytest.mark.parametrize("package", ACYCLIC_PACKAGES)
-def test_no_import_cycle_inside_the_package(package):
-    graph = within(import_graph(), package)
-    assert set(graph) > {package}, f"{package} has no modules: is SOURCE_ROOT right?"
-    known = KNOWN_CYCLES.get(package, [])
-    new = [component for component in cycles(graph) if not any(component <= allowed for allowed in known)]
-    assert not new, f"Import cycles in {package}: " + " | ".join(describe(c, graph) for c in new) + (
-        ". Move what both modules need into a module both can import (not an import inside a function).")
-    gone = [allowed for allowed in known if not any(component <= allowed for component in cycles(graph))]
-    assert not gone, f"These known cycles are fixed: remove them from KNOWN_CYCLES: {[sorted(c) for c in gone]}"
-
-
 def test_no_module_name_starts_with_an_underscore():
     hidden = []
     for path in sorted((SOURCE_ROOT / PACKAGE).rglob("*.py")):
@@ -217,9 +194,9 @@ FLOORS = (
      "local_sgd"),
     ("quantization", "strategies"),
     ("accumulation", "evaluation", "inference", "accelerator"),
-    ("commands", "launchers", "test_utils"),
+    ("commands", "launchers", "test_utils", "__main__"),
 )
-FACES = ("utils", "data_loader", "hooks", "memory_utils", "parallelism_config", "__main__", "")
+FACES = ("utils", "data_loader", "hooks", "memory_utils", "parallelism_config", "")
 
 
 def room_of(module: str) -> str:
@@ -266,3 +243,37 @@ def test_no_import_cycle_anywhere():
     graph = within(import_graph(), PACKAGE)
     found = cycles(graph)
     assert not found, "Import cycles: " + " | ".join(describe(c, graph) for c in found)
+
+
+# ----------------------------------------------------------------------------- faces
+def face_files() -> list:
+    package = SOURCE_ROOT / PACKAGE
+    return sorted(package.joinpath("utils").glob("*.py")) + [
+        package / f"{name}.py" for name in FACES if name and name != "utils" and (package / f"{name}.py").is_file()]
+
+
+def _face_statement_is_a_re_export(node: ast.stmt) -> bool:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return True
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+        return True  # a docstring
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):  # the old path's deprecation warning
+        return ast.unparse(node.value.func) == "warnings.warn"
+    if isinstance(node, ast.Assign):
+        names = [ast.unparse(target) for target in node.targets]
+        if names == ["__all__"]:
+            return True
+        # a lazy table: names served on first use from their home modules
+        return isinstance(node.value, ast.Call) and ast.unparse(node.value.func) in ("lazy_exports", "build_table")
+    return False
+
+
+def test_faces_only_re_export():
+    """Accelerate's import paths (``utils/`` and the root compatibility modules) hold no logic of their own: imports,
+    ``__all__`` and lazy tables only, so every behaviour has one home in a room."""
+    found = []
+    for path in face_files():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if not _face_statement_is_a_re_export(node):
+                found.append(f"{path.relative_to(SOURCE_ROOT)}:{node.lineno} {ast.unparse(node).splitlines()[0][:80]}")
+    assert not found, "Logic in face modules (move it to the room it belongs to): " + "; ".join(found)

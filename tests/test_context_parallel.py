@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hasten import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
-from hasten.parallel.context_parallel import restore_buffers, shard_buffers
+from hasten.strategies.model_parallel.context_parallel import restore_buffers, shard_buffers
 
 from helpers import DISTRIBUTED, assert_checkpoint_loads_on_one_process, run_launch
 
@@ -37,7 +37,7 @@ def test_buffers_are_sliced_in_place_and_restored():
 
 
 def test_views_are_refused_before_anything_is_sliced():
-    from hasten.parallel.context_parallel import _check_buffers
+    from hasten.strategies.model_parallel.context_parallel import _check_buffers
 
     tokens = torch.arange(20).view(2, 10)
     with pytest.raises(ValueError, match="buffer 0 is a view of another tensor"):

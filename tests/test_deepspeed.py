@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hasten import Accelerator, DeepSpeedPlugin
-from hasten.strategies.deepspeed_config import check_plugin_config, hidden_size_of, micro_batch_size, resolved_config
+from hasten.strategies.deepspeed.auto_config import check_plugin_config, hidden_size_of, micro_batch_size, resolved_config
 from hasten.utils import DummyOptim, DummyScheduler
 
 from helpers import clean_env, run_launch

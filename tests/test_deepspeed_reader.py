@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.skipif(importlib.util.find_spec
 import torch  # noqa: E402
 
 from helpers import DISTRIBUTED, ROOT, clean_env, run_launch  # noqa: E402
-from hasten.checkpointing.deepspeed_reader import (deepspeed_parameter_names, is_deepspeed_checkpoint,  # noqa: E402
+from hasten.strategies.deepspeed.checkpoint_reader import (deepspeed_parameter_names, is_deepspeed_checkpoint,  # noqa: E402
                                                    read_deepspeed_checkpoint, read_deepspeed_layout)
 from hasten.checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError  # noqa: E402
 

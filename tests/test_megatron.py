@@ -9,7 +9,7 @@ import torch
 
 from hasten import Accelerator, DistributedType, ParallelismConfig
 from hasten.parallel import ParallelDims
-from hasten.strategies.megatron_mapping import check_torch_native, megatron_layout
+from hasten.strategies.model_parallel.megatron_mapping import check_torch_native, megatron_layout
 from hasten.utils import MegatronLMPlugin
 
 from helpers import DISTRIBUTED, assert_checkpoint_loads_on_one_process, run_launch

@@ -17,7 +17,7 @@ from torch import nn
 from hasten import Accelerator
 from hasten.scheduler import AcceleratedScheduler
 from hasten.utils.megatron_lm import MegatronLMDummyScheduler, megatron_param_groups
-from hasten.strategies.megatron_scheduler import MegatronParamScheduler, MegatronSchedule
+from hasten.strategies.model_parallel.megatron_scheduler import MegatronParamScheduler, MegatronSchedule
 
 PEAK = 1.0
 

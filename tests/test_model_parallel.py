@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from hasten import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
-from hasten.parallel.tp_plan import STYLE_NAMES, plan_of, resolve_plan
+from hasten.strategies.model_parallel.tp_plan import STYLE_NAMES, plan_of, resolve_plan
 from hasten.utils import TorchPipelineParallelConfig, TorchTensorParallelConfig, TorchTensorParallelPlugin
 
 from helpers import DISTRIBUTED, assert_checkpoint_loads_on_one_process, run_launch

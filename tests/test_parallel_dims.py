@@ -17,7 +17,7 @@ from hasten.commands.errors import CommandError
 
 from launch_fixtures import plan_for, script  # noqa: F401 - pytest fixtures
 from hasten.core.env_aliases import ConfigConflictError
-from hasten.config.parallelism import SIZE_FIELDS, check_size_combination
+from hasten.parallel.config import SIZE_FIELDS, check_size_combination
 from hasten.parallel import ParallelDims, ParallelismConfig, launcher_parallel_sizes, resolve_parallelism_config
 
 ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")

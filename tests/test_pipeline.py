@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from hasten.parallel.pipeline import SCHEDULES, _balanced_starts, _plan, build_pipeline, pipeline_units, split_model
+from hasten.strategies.model_parallel.pipeline import SCHEDULES, _balanced_starts, _plan, build_pipeline, pipeline_units, split_model
 
 from helpers import DISTRIBUTED, run_launch
 

@@ -4,8 +4,7 @@ The public names match Hugging Face Accelerate's, so ``from accelerate import X`
 ``from hasten import X``. Names are imported lazily from the module that defines them.
 """
 from .core.lazy import build_table, lazy_exports
-
-__version__ = "0.1.0"
+from .core.versions import HASTEN_VERSION as __version__
 
 _EXPORTS = build_table({
     "hasten.accelerator": ["Accelerator"],
@@ -24,7 +23,7 @@ _EXPORTS = build_table({
     "hasten.launchers": ["notebook_launcher", "debug_launcher"],
     "hasten.checkpointing": ["auto_resume"],
     "hasten.inference": ["prepare_pippy"],
-    "hasten.config.parallelism": ["ParallelismConfig"],
+    "hasten.parallel.config": ["ParallelismConfig"],
     "hasten.config.deepspeed": ["DeepSpeedPlugin"],
     "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
     "hasten.config.data": ["DataLoaderConfiguration"],

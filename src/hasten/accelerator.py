@@ -21,9 +21,10 @@ from torch import nn
 
 from .accumulation import GradientAccumulator
 from .compile import apply_dynamo_plugin, remove_regional_compilation
-from .config.accelerator_settings import SPLIT_BATCHES_UNSET, check_log_with_names, resolve_accelerator_settings
+from .config.accelerator_settings import SPLIT_BATCHES_UNSET, resolve_accelerator_settings
 from .config.booleans import parse_bool
 from .config.kwargs import AutocastKwargs, InitProcessGroupKwargs, ProfileKwargs
+from .core.lazy import build_table, lazy_exports
 from .evaluation import gather_for_metrics as _gather_for_metrics
 from .logging import get_logger
 from .optimizer import AcceleratedOptimizer
@@ -31,7 +32,7 @@ from .parallel import ParallelDims, resolve_parallelism_config
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState
 from .strategies import select_strategy
-from .strategies.deepspeed_wrappers import (  # noqa: F401 - Accelerate's names in this module, as with deepspeed installed
+from .strategies.deepspeed.wrappers import (  # noqa: F401 - Accelerate's names in this module, as with deepspeed installed
     DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper, DummyOptim, DummyScheduler)
 from .collectives import operations
 from .core.memory import release_memory
@@ -41,21 +42,21 @@ __all__ = ["Accelerator"]
 
 # Names scripts written for Accelerate also import from this module (``from accelerate.accelerator import
 # DataLoaderConfiguration``); they resolve, lazily, to hasten's own objects.
-_ALSO_IMPORTABLE_HERE = (
-    "DataLoaderConfiguration", "DeepSpeedPlugin", "DistributedType", "FullyShardedDataParallelPlugin", "GradScalerKwargs",
-    "DistributedDataParallelKwargs", "ParallelismConfig", "PartialState", "skip_first_batches",
-    "AORecipeKwargs", "DynamoBackend", "FP8RecipeKwargs", "GradientAccumulationPlugin", "KwargsHandler",
-    "LoggerType", "MegatronLMPlugin", "MSAMPRecipeKwargs", "PrecisionType", "ProjectConfiguration", "RNGType",
-    "TERecipeKwargs", "TorchDynamoPlugin", "TorchTensorParallelPlugin",
-)
-
-
-def __getattr__(name: str):
-    if name in _ALSO_IMPORTABLE_HERE:
-        from . import utils
-
-        return getattr(utils, name, None) or getattr(importlib.import_module("hasten"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, _ = lazy_exports(__name__, build_table({
+    "hasten.config.data": ["DataLoaderConfiguration"],
+    "hasten.config.deepspeed": ["DeepSpeedPlugin"],
+    "hasten.config.enums": ["DistributedType", "DynamoBackend", "LoggerType", "PrecisionType", "RNGType"],
+    "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
+    "hasten.config.kwargs": ["GradScalerKwargs", "DistributedDataParallelKwargs", "KwargsHandler"],
+    "hasten.parallel.config": ["ParallelismConfig", "TorchTensorParallelPlugin"],
+    "hasten.state": ["PartialState"],
+    "hasten.data.resume": ["skip_first_batches"],
+    "hasten.config.fp8": ["AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs"],
+    "hasten.config.accumulation": ["GradientAccumulationPlugin"],
+    "hasten.config.megatron": ["MegatronLMPlugin"],
+    "hasten.config.project": ["ProjectConfiguration"],
+    "hasten.config.dynamo": ["TorchDynamoPlugin"],
+}))
 
 _LR_SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
@@ -97,6 +98,8 @@ class Accelerator:
         step_scheduler_with_optimizer = parse_bool(step_scheduler_with_optimizer,
                                                    "Accelerator(step_scheduler_with_optimizer=...)")
         if log_with is not None:
+            from .tracking.registry import check_log_with_names
+
             check_log_with_names(log_with)  # an unknown name lists the known and the installed ones
         from .tracking.session import TrackerSession, logging_dir_of
 
@@ -131,7 +134,7 @@ class Accelerator:
         )
         self.strategy.setup()
         if parallelism_config is not None and self.state.use_distributed:  # the run's one DeviceMesh, built once
-            self.state.device_mesh = dims.build_mesh(self.device.type)
+            dims.build_mesh(self.device.type)
         self.device_placement = device_placement
         self.precision = self.strategy.precision  # chosen by the strategy, with it
         self.scaler = self.precision.scaler
@@ -518,10 +521,10 @@ class Accelerator:
         return self._remember(wrapped, self._schedulers)
 
     def prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
-        """Shard a ``DataLoader`` across processes (see ``hasten.data_loader.prepare_data_loader``)."""
+        """Shard a ``DataLoader`` across processes (see ``hasten.data.prepare_data_loader``)."""
         if self._is_prepared(data_loader):
             return data_loader
-        from .data_loader import prepare_data_loader
+        from .data.prepare import prepare_data_loader
 
         options = self.dataloader_config.to_kwargs()
         prepared = prepare_data_loader(
@@ -762,7 +765,7 @@ class Accelerator:
             )
         samplers = []
         if even_batches is not None:
-            from .data_loader import DataLoaderDispatcher
+            from .data.dispatcher import DataLoaderDispatcher
 
             loaders = [loader for loader in self._dataloaders
                        if not isinstance(loader, DataLoaderDispatcher)]  # dispatch reads on one process only

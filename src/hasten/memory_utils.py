@@ -1,4 +1,4 @@
-"""Old import path ``accelerate.memory_utils``: its helpers moved to ``hasten.utils.memory``.
+"""Old import path ``accelerate.memory_utils``: its helpers are ``hasten.utils.memory``'s (``hasten/core/memory.py``).
 
 Importing it warns (as the reference does) and still gives the two names it used to hold.
 """

@@ -1,4 +1,4 @@
-"""Accelerate's ``accelerate.parallelism_config`` import path; the class lives in ``hasten.config.parallelism``."""
-from .config.parallelism import ParallelismConfig
+"""Accelerate's ``accelerate.parallelism_config`` import path; the class lives in ``hasten.parallel.config``."""
+from .parallel.config import ParallelismConfig
 
 __all__ = ["ParallelismConfig"]

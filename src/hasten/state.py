@@ -25,6 +25,7 @@ from .config.resolution import resolve
 from .core.env_vars import get_int_from_env, parse_flag_from_env
 from .core.environment import is_debug_mode
 from .core.imports import is_torch_xla_available
+from .core.lazy import lazy_exports
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized", "SharedDict",
            "ThreadLocalSharedDict", "do_nothing"]
@@ -64,15 +65,9 @@ SharedDict = ThreadLocalSharedDict if is_torch_xla_available() else dict
 
 
 # Names scripts written for Accelerate also import from this module; they resolve lazily to hasten's own.
-_ALSO_IMPORTABLE_HERE = ("DynamoBackend", "GradientAccumulationPlugin", "SageMakerDistributedType")
-
-
-def __getattr__(name: str):
-    if name in _ALSO_IMPORTABLE_HERE:
-        from . import utils
-
-        return getattr(utils, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, _ = lazy_exports(__name__, {"DynamoBackend": "hasten.config.enums",
+                                         "GradientAccumulationPlugin": "hasten.config.accumulation",
+                                         "SageMakerDistributedType": "hasten.config.enum_compat"})
 
 
 def _attach_shared_state(self, pickled: dict) -> None:
@@ -437,7 +432,6 @@ class AcceleratorState:
         self.torch_tp_plugin = torch_tp_plugin
         self.megatron_lm_plugin = megatron_lm_plugin
         self.parallelism_config = parallelism_config
-        self.device_mesh = None  # the DeviceMesh of N-D parallelism, built by the Accelerator's strategy layout
 
     @property
     def initialized(self) -> bool:
@@ -456,6 +450,13 @@ class AcceleratorState:
     def mixed_precision(self) -> str:
         """``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``."""
         return self._mixed_precision
+
+    @property
+    def device_mesh(self):
+        """The ``DeviceMesh`` of N-D parallelism, owned by the ``ParallelismConfig``'s layout (``ParallelDims``);
+        None without a ParallelismConfig or before the mesh is built."""
+        config = self.parallelism_config
+        return config.device_mesh if config is not None else None
 
     @property
     def is_fsdp2(self) -> bool:

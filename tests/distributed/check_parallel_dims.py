@@ -11,7 +11,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from hasten.config.parallelism import check_size_combination
+from hasten.parallel.config import check_size_combination
 from hasten.parallel import ParallelDims, ParallelismConfig
 from hasten.state import PartialState
 

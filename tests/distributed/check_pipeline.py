@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from hasten.parallel.pipeline import build_pipeline, split_model
+from hasten.strategies.model_parallel.pipeline import build_pipeline, split_model
 from hasten.state import PartialState
 
 VOCAB, DIM, SEQ, BATCH, MICRO_BATCHES, STEPS, LR = 32, 16, 8, 8, 4, 20, 1e-2

@@ -13,6 +13,7 @@ import logging
 import os
 from pathlib import Path
 
+from ..core.versions import HASTEN_VERSION
 from ..state import PartialState
 from .agreement import together
 from .errors import CheckpointWriteError
@@ -46,12 +47,6 @@ def resolve_save_folder(project_configuration, output_dir) -> tuple[Path, bool]:
             "the folder as a whole. Save to a sub-folder, e.g. save_state('checkpoint')."
         )
     return folder, False
-
-
-def _hasten_version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 def save_state(accelerator, output_dir=None, safe_serialization: bool = True, async_save: bool = False,
@@ -113,7 +108,7 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, as
             raise
 
     metadata = {
-        "library": "hasten", "version": _hasten_version(), "num_processes": state.num_processes,
+        "library": "hasten", "version": HASTEN_VERSION, "num_processes": state.num_processes,
         "step": int(snapshot.rng.get("step", 0)), "safe_serialization": bool(safe_serialization),
         "models": len(snapshot.weights), "optimizers": len(snapshot.optimizers),
         "schedulers": len(snapshot.schedulers), "custom_objects": len(snapshot.custom),

@@ -51,7 +51,7 @@ def build_parser(chosen: Optional[str] = None):
 
     Returns ``(parser, module)`` where ``module`` is the chosen subcommand's module (or None).
     """
-    from hasten import __version__
+    from ..core.versions import HASTEN_VERSION as __version__
 
     parser = argparse.ArgumentParser(
         prog="hasten", description="Run one PyTorch script on one CPU, one GPU, many processes or many machines.",

@@ -109,7 +109,7 @@ def environment_report(config_file=None) -> str:
     import numpy
     import torch
 
-    from hasten import __version__
+    from ..core.versions import HASTEN_VERSION as __version__
 
     launch_variables = sorted(key for key in os.environ if key.startswith("HASTEN_"))
     lines = [

@@ -60,7 +60,7 @@ def _text(value) -> str:
 
 
 def _check_layout(values: dict, num_processes: int, sources: dict) -> None:
-    from ..config.parallelism import check_size_combination
+    from ..parallel.config import check_size_combination
     from ..parallel.dims import ParallelDims
 
     sizes = {name: values.get(f"parallelism_config_{name}_size", 1) for name in SIZES}

@@ -43,7 +43,7 @@ def merge_command(args):
     ``args.output_path``."""
     from pathlib import Path
 
-    from ..strategies.fsdp_functions import merge_fsdp_weights
+    from ..strategies.fsdp.functions import merge_fsdp_weights
     from .errors import CommandError
 
     folder = Path(args.checkpoint_directory)

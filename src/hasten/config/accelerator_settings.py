@@ -20,7 +20,7 @@ from .kwargs import KwargsHandler
 from .project import ProjectConfiguration
 from .resolution import resolve
 
-__all__ = ["AcceleratorSettings", "resolve_accelerator_settings", "SPLIT_BATCHES_UNSET", "check_log_with_names"]
+__all__ = ["AcceleratorSettings", "resolve_accelerator_settings", "SPLIT_BATCHES_UNSET"]
 
 SPLIT_BATCHES_UNSET = object()  # the deprecated ``split_batches`` argument was not passed
 
@@ -88,22 +88,6 @@ def _handlers_by_type(kwargs_handlers) -> dict:
             raise ValueError(f"kwargs_handlers contains two {type(handler).__name__}; pass each kind once.")
         handlers[type(handler)] = handler
     return handlers
-
-
-def check_log_with_names(log_with) -> None:
-    """Raise ``ValueError`` listing the known tracker names, and those installed here, when ``log_with`` names one
-    that is not known (a typo should not read as a missing package); tracker instances and known names pass."""
-    from ..tracking.base import GeneralTracker
-    from ..tracking.registry import get_available_trackers, known_tracker_names
-
-    known = known_tracker_names()
-    entries = log_with if isinstance(log_with, (list, tuple)) else [log_with]
-    unknown = [entry for entry in entries if not isinstance(entry, GeneralTracker) and str(entry) not in known]
-    if unknown:
-        names = ", ".join(repr(entry) for entry in unknown)
-        installed = ", ".join(str(name) for name in get_available_trackers())
-        raise ValueError(f"Unknown log_with tracker {names}; the known names are {', '.join(known)} (installed here: "
-                         f"{installed}), or pass a GeneralTracker instance.")
 
 
 def _rng_types(rng_types) -> list:

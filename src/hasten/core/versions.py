@@ -7,7 +7,10 @@ from typing import Union
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["compare_versions", "is_torch_version", "OPERATIONS", "torch_version"]
+__all__ = ["compare_versions", "is_torch_version", "OPERATIONS", "torch_version", "HASTEN_VERSION"]
+
+#: this package's version (``hasten.__version__``)
+HASTEN_VERSION = "0.1.0"
 
 # The comparison operators a requirement may use, by their usual spelling.
 OPERATIONS = {

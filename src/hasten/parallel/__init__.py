@@ -4,7 +4,7 @@
 ``ParallelismConfig`` lives in ``hasten.config.parallelism`` with the other configuration dataclasses (and is
 importable from ``hasten``, ``hasten.utils`` and ``hasten.parallelism_config``, as in Accelerate).
 """
-from ..config.parallelism import ParallelismConfig
+from .config import ParallelismConfig
 from .dims import ParallelDims
 from .resolve import launcher_parallel_sizes, resolve_parallelism_config
 

@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:  # torch is imported only when a mesh or a group is asked for
     from torch.distributed import DeviceMesh, ProcessGroup
 
-    from ..config.parallelism import ParallelismConfig
-
 __all__ = ["ParallelDims", "LAYOUT_ORDER", "MESH_ORDER"]
 
 # Every dimension, outermost first: the order of the rank arithmetic (pipeline stages outermost, as torchtitan).
@@ -98,7 +96,7 @@ class ParallelDims:
     _mesh: Optional["DeviceMesh"] = field(default=None, init=False, repr=False, compare=False)
     _flattened: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _solo_group: Optional["ProcessGroup"] = field(default=None, init=False, repr=False, compare=False)
-    _config: Optional["ParallelismConfig"] = field(default=None, init=False, repr=False, compare=False)
+    _config: object = field(default=None, init=False, repr=False, compare=False)  # the ParallelismConfig, if any
 
     def __post_init__(self):
         world = _count("world_size", self.world_size)
@@ -125,25 +123,24 @@ class ParallelDims:
 
     # ------------------------------------------------------------------------------------------ constructors
     @classmethod
-    def from_config(cls, config: Optional["ParallelismConfig"], world_size: int,
-                    rank: Optional[int] = None) -> "ParallelDims":
-        """The layout ``config`` asks for on ``world_size`` processes; ``None``: plain data parallelism.
+    def from_config(cls, config, world_size: int, rank: Optional[int] = None) -> "ParallelDims":
+        """The layout a ``ParallelismConfig`` asks for on ``world_size`` processes; ``None``: plain data parallelism.
 
-        A mesh ``config`` already built (``config.device_mesh``) is reused, and a mesh built here is stored on a
-        config whose sizes it matches, so ``config.get_device_mesh()`` and this object share the one mesh.
+        The config keeps the layout laid out from it: asked again for the same processes, this returns that one, so
+        the config, the Accelerator's strategy and the state all see the one DeviceMesh it builds.
         """
         if config is None:
             return cls(dp_replicate=_count("world_size", world_size), world_size=world_size, rank=rank)
+        kept = config._layout
+        if kept is not None and kept.world_size == world_size and kept.rank == rank:
+            return kept
         dims = cls(dp_replicate=config.dp_replicate_size, dp_shard=config.dp_shard_size, cp=config.cp_size,
                    tp=config.tp_size, sp=config.sp_size, world_size=world_size, rank=rank,
                    pp=getattr(config, "pp_size", 1) or 1)
         dims._config = config
-        existing = getattr(config, "device_mesh", None)
-        if existing is not None and dims._matches_config():
-            if tuple(existing.mesh_dim_names or ()) != dims.mesh_dim_names:
-                raise ValueError(f"The ParallelismConfig's device mesh has dimensions {existing.mesh_dim_names}, "
-                                 f"not {dims.mesh_dim_names}: it was built for other sizes.")
-            dims._mesh = existing
+        if kept is not None and kept.built_mesh is not None:  # a mesh built for another process count stays valid
+            dims.adopt_mesh(kept.built_mesh)
+        config._layout = dims
         return dims
 
     # ------------------------------------------------------------------------------------------ sizes
@@ -279,9 +276,20 @@ class ParallelDims:
         # torch asks callers to keep the flattened meshes themselves (slicing them from the root is deprecated)
         self._flattened = {name: mesh[dims]._flatten(name) for name, dims in self.flattened_dim_names.items()}
         self._mesh = mesh
-        if self._config is not None and getattr(self._config, "device_mesh", None) is None and self._matches_config():
-            self._config.device_mesh = mesh
         return mesh
+
+    @property
+    def built_mesh(self) -> Optional["DeviceMesh"]:
+        """The DeviceMesh if it was built (or adopted), else None; builds nothing."""
+        return self._mesh
+
+    def adopt_mesh(self, mesh: "DeviceMesh") -> None:
+        """Use ``mesh``, built elsewhere, as this layout's: its dimension names must be this layout's."""
+        if tuple(mesh.mesh_dim_names or ()) != self.mesh_dim_names:
+            raise ValueError(f"The device mesh has dimensions {mesh.mesh_dim_names}, not {self.mesh_dim_names}: it "
+                             "was built for other sizes.")
+        self._flattened = {name: mesh[dims]._flatten(name) for name, dims in self.flattened_dim_names.items()}
+        self._mesh = mesh
 
     @property
     def mesh(self) -> Optional["DeviceMesh"]:
@@ -328,11 +336,6 @@ class ParallelDims:
         return self.submesh("dp").get_group()
 
     # ------------------------------------------------------------------------------------------ helpers
-    def _matches_config(self) -> bool:
-        config = self._config
-        return config is not None and all(getattr(self, name) == getattr(config, f"{name}_size")
-                                          for name in LAYOUT_ORDER)
-
     def _check_process_count(self) -> None:
         import torch.distributed as dist
 

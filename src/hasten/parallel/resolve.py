@@ -14,7 +14,7 @@ from typing import Mapping, Optional
 from ..config.booleans import parse_bool
 from ..core.env_aliases import ConfigConflictError, read_setting
 from ..config.env_fields import as_int
-from ..config.parallelism import SIZE_FIELDS, ParallelismConfig
+from .config import SIZE_FIELDS, ParallelismConfig
 
 __all__ = ["USE_PARALLELISM_CONFIG", "launcher_parallel_sizes", "resolve_parallelism_config"]
 

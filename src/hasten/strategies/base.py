@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..checkpointing.checkpoint_io import FullStateCheckpointIO
-from ..checkpointing.deepspeed_reader import DeepSpeedCheckpointFormat
+from .deepspeed.checkpoint_reader import DeepSpeedCheckpointFormat
 from ..config.enums import DistributedType
 from ..config.kwargs import AutocastKwargs, GradScalerKwargs
 from ..core.modules import extract_model_from_parallel
@@ -168,7 +168,7 @@ class Strategy:
         layout = self.layout
         if layout is None or layout.cp == 1:
             return None
-        from ..parallel.context_parallel import context_parallel_block
+        from .model_parallel.context_parallel import context_parallel_block
 
         handler = getattr(getattr(layout, "_config", None), "cp_handler", None)
         return context_parallel_block(layout.submesh("cp"), buffers, buffer_seq_dims, no_restore_buffers,

@@ -20,7 +20,7 @@ from .tensorboard import TensorBoardTracker
 from .trackio import TrackioTracker
 from .wandb import WandBTracker
 
-__all__ = ["LOGGER_TYPE_TO_CLASS", "register_tracker_class", "get_available_trackers", "filter_trackers",
+__all__ = ["check_log_with_names", "LOGGER_TYPE_TO_CLASS", "register_tracker_class", "get_available_trackers", "filter_trackers",
            "known_tracker_names", "is_tracker_installed"]
 
 _BUILTIN = {
@@ -137,3 +137,16 @@ def filter_trackers(log_with: list[Union[str, LoggerType, GeneralTracker]],
         if entry not in loggers:
             loggers.append(entry)
     return loggers
+
+
+def check_log_with_names(log_with) -> None:
+    """Raise ``ValueError`` listing the known tracker names, and those installed here, when ``log_with`` names one
+    that is not known (a typo should not read as a missing package); tracker instances and known names pass."""
+    known = known_tracker_names()
+    entries = log_with if isinstance(log_with, (list, tuple)) else [log_with]
+    unknown = [entry for entry in entries if not isinstance(entry, GeneralTracker) and str(entry) not in known]
+    if unknown:
+        names = ", ".join(repr(entry) for entry in unknown)
+        installed = ", ".join(str(name) for name in get_available_trackers())
+        raise ValueError(f"Unknown log_with tracker {names}; the known names are {', '.join(known)} (installed here: "
+                         f"{installed}), or pass a GeneralTracker instance.")

@@ -43,7 +43,7 @@ from ..config.megatron import (
     parse_llama_config,
     parse_t5_config,
 )
-from ..config.parallelism import (
+from ..parallel.config import (
     DeepSpeedSequenceParallelConfig,
     TorchContextParallelConfig,
     TorchPipelineParallelConfig,

@@ -20,7 +20,7 @@ from ..core.imports import (  # noqa: F401
 from ..core.versions import compare_versions, is_torch_version  # noqa: F401
 
 # DeepSpeed's guard asks the run's state: served from the DeepSpeed strategy on first use
-__getattr__, __dir__ = lazy_exports(__name__, {"deepspeed_required": "hasten.strategies.deepspeed"})
+__getattr__, __dir__ = lazy_exports(__name__, {"deepspeed_required": "hasten.strategies.deepspeed.strategy"})
 
 __all__ = [
     "parse_flag_from_env", "patch_environment", "compare_versions", "is_torch_version", "EXTRAS", "USE_TORCH_XLA",

@@ -1,7 +1,7 @@
 """Accelerate's import path ``accelerate.utils.megatron_lm`` (``hasten/strategies/``)."""
 from ..optimizer import AcceleratedOptimizer  # noqa: F401
 from ..scheduler import AcceleratedScheduler  # noqa: F401
-from ..strategies.megatron_engine import (  # noqa: F401
+from ..strategies.model_parallel.megatron_engine import (  # noqa: F401
     AbstractTrainStep, avg_losses_across_data_parallel_group, BertTrainStep, finish_mpu_init,
     gather_across_data_parallel_groups, GPTTrainStep, initialize, megatron_param_groups, MegatronEngine,
     MegatronLMDummyDataLoader, MegatronLMDummyScheduler, MegatronLMOptimizerWrapper, MegatronLMSchedulerWrapper,

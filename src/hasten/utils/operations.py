@@ -15,7 +15,7 @@ from ..core.lazy import lazy_exports
 from ..core.nested import honor_type, is_namedtuple  # noqa: F401
 
 # GatheredParameters gathers DeepSpeed ZeRO-3 partitions: served from the DeepSpeed strategy's room on first use
-__getattr__, __dir__ = lazy_exports(__name__, {"GatheredParameters": "hasten.strategies.deepspeed_wrappers"})
+__getattr__, __dir__ = lazy_exports(__name__, {"GatheredParameters": "hasten.strategies.deepspeed.wrappers"})
 
 __all__ = [
     "broadcast", "broadcast_object_list", "concatenate", "convert_to_fp32", "convert_outputs_to_fp32",

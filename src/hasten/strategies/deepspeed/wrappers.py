@@ -10,11 +10,11 @@ import contextlib
 
 import torch
 
-from ..config.deepspeed import HfDeepSpeedConfig
-from ..config.enums import DistributedType
-from ..optimizer import AcceleratedOptimizer
-from ..scheduler import AcceleratedScheduler
-from ..state import GradientState
+from ...config.deepspeed import HfDeepSpeedConfig
+from ...config.enums import DistributedType
+from ...optimizer import AcceleratedOptimizer
+from ...scheduler import AcceleratedScheduler
+from ...state import GradientState
 
 __all__ = [
     "map_pytorch_optim_to_deepspeed", "get_active_deepspeed_plugin", "HfDeepSpeedConfig", "DeepSpeedEngineWrapper",
@@ -27,7 +27,7 @@ def map_pytorch_optim_to_deepspeed(optimizer):
     ``DeepSpeedCPUAdam`` (``adamw_mode`` for AdamW), ``Adagrad`` becomes ``DeepSpeedCPUAdagrad``, with the same
     parameter groups and hyperparameters. Other optimizers are returned as they are (DeepSpeed then runs them on
     the CPU with ``zero_force_ds_cpu_optimizer: false``)."""
-    from ..core.imports import require_deepspeed
+    from ...core.imports import require_deepspeed
 
     require_deepspeed()
     defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "weight_decay")}
@@ -159,14 +159,14 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
     """Gather DeepSpeed ZeRO-3 partitioned ``params`` for the duration of the block
     (``deepspeed.zero.GatheredParameters``); a no-op context in every other setting, where parameters are
     whole already."""
-    from ..state import AcceleratorState
+    from ...state import AcceleratorState
 
     context = contextlib.nullcontext()
     state = AcceleratorState() if AcceleratorState._shared_state else None
     if state is not None and state.distributed_type == DistributedType.DEEPSPEED:
         plugin = getattr(state, "deepspeed_plugin", None)
         if plugin is None or plugin.hf_ds_config.is_zero3():  # ZeRO-3 partitions every prepared model
-            from ..core.imports import require_extra
+            from ...core.imports import require_extra
 
             deepspeed = require_extra("deepspeed", "GatheredParameters under ZeRO-3")
             context = deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank, fwd_module=fwd_module,

@@ -40,10 +40,10 @@ from typing import Optional
 
 import torch
 
-from . import layout
-from .errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
-from .optimizer_names import by_name
-from .safe_load import UNSAFE_OPT_IN
+from ...checkpointing import layout
+from ...checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
+from ...checkpointing.optimizer_names import by_name
+from ...checkpointing.safe_load import UNSAFE_OPT_IN
 
 __all__ = ["DeepSpeedCheckpointFormat", "check_trusted", "is_deepspeed_checkpoint", "read_deepspeed_layout", "read_deepspeed_checkpoint",
            "deepspeed_parameter_names"]

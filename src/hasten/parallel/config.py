@@ -2,9 +2,10 @@
 
 A self-validating dataclass (Accelerate's ``ParallelismConfig``): unset sizes come from the launcher's environment
 (``HASTEN_PARALLELISM_CONFIG_<SIZE>``, or ``ACCELERATE_PARALLELISM_CONFIG_<SIZE>`` / ``PARALLELISM_CONFIG_<SIZE>``),
-then 1. The layout of the processes over these sizes, and the one ``DeviceMesh``, belong to
-``hasten.parallel.ParallelDims``; ``build_device_mesh`` / ``get_device_mesh`` build it through that class (named
-dimensions ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``, plus the flattened ``dp``, ``dp_shard_cp``, ``dp_cp``).
+then 1. The layout of the processes over these sizes, and the one ``DeviceMesh``, belong to ``ParallelDims``
+(``dims.py``): the config keeps the layout laid out from it and asks it for the mesh (``device_mesh``,
+``get_device_mesh``; named dimensions ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``, plus the flattened ``dp``,
+``dp_shard_cp``, ``dp_cp``).
 Such a mesh can already be given to ``prepare_data_loader(torch_device_mesh=...)``.
 """
 from __future__ import annotations
@@ -15,7 +16,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal, Optional, Union
 
-from .env_fields import as_bool, as_choice, as_int, from_env
+from ..config.env_fields import as_bool, as_choice, as_int, from_env
+from .dims import ParallelDims
 
 if TYPE_CHECKING:
     import torch
@@ -181,7 +183,7 @@ class ParallelismConfig:
     pp_size: Optional[int] = None  # hasten's: pipeline parallelism (torch.distributed.pipelining)
     pp_handler: Optional[TorchPipelineParallelConfig] = None
 
-    device_mesh = None  # built by get_device_mesh (a class attribute, not a field)
+    _layout = None  # the ParallelDims laid out from this config (the mesh's one owner); a class attribute, not a field
 
     def __post_init__(self):
         owner = "ParallelismConfig"
@@ -214,7 +216,30 @@ class ParallelismConfig:
     def to_json(self) -> dict:
         """The configuration as plain data (the handlers as dicts; the device mesh left out)."""
         return copy.deepcopy({key: dict(value.__dict__) if hasattr(value, "__dict__") else value
-                              for key, value in self.__dict__.items() if key not in ("device_mesh", "_sizes")})
+                              for key, value in self.__dict__.items() if key not in ("_layout", "_sizes")})
+
+    @property
+    def device_mesh(self):
+        """The ``DeviceMesh`` of this config's layout once it is built (by the Accelerator or ``get_device_mesh``);
+        None before."""
+        return self._layout.built_mesh if self._layout is not None else None
+
+    @device_mesh.setter
+    def device_mesh(self, mesh) -> None:
+        """Adopt a mesh built elsewhere: its dimensions must be the ones this config lays out."""
+        if mesh is None:
+            self._layout = None
+            return
+        self._run_layout(mesh.size()).adopt_mesh(mesh)
+
+    def _run_layout(self, world_size: Optional[int] = None):
+        """The layout of this config over the run's processes (the process group's, else ``WORLD_SIZE``)."""
+        if world_size is None:
+            import torch.distributed as dist
+
+            world_size = (dist.get_world_size() if dist.is_available() and dist.is_initialized()
+                          else int(os.environ.get("WORLD_SIZE", "1")))
+        return ParallelDims.from_config(self, world_size)
 
     @property
     def dp_dim_names(self):
@@ -289,8 +314,6 @@ class ParallelismConfig:
             return None
         import torch.distributed as dist
 
-        from ..parallel.dims import ParallelDims
-
         world = (dist.get_world_size() if dist.is_available() and dist.is_initialized()
                  else int(os.environ.get("WORLD_SIZE", "1")))
         dims = ParallelDims(dp_replicate=self.dp_replicate_size, dp_shard=self.dp_shard_size, cp=self.cp_size,
@@ -298,14 +321,18 @@ class ParallelismConfig:
         return dims.build_mesh(device_type)
 
     def get_device_mesh(self, device_type: Optional[str] = None):
-        """The mesh, built on first use for ``device_type``; a later different ``device_type`` is an error."""
-        if self.device_mesh is None:
+        """The mesh of this config's layout, built on first use for ``device_type``; a later different
+        ``device_type`` is an error."""
+        mesh = self.device_mesh
+        if mesh is None:
             if device_type is None:
                 raise ValueError("Pass a device_type (e.g. 'cuda' or 'cpu') to build the device mesh.")
-            self.device_mesh = self.build_device_mesh(device_type)
-        elif device_type is not None and self.device_mesh.device_type != device_type:
-            raise ValueError(f"The device mesh was built for {self.device_mesh.device_type!r}, not {device_type!r}.")
-        return self.device_mesh
+            if (self.sp_backend == "deepspeed" and self.sp_size > 1) or not self._get_mesh():
+                return None
+            return self._run_layout().build_mesh(device_type)
+        if device_type is not None and mesh.device_type != device_type:
+            raise ValueError(f"The device mesh was built for {mesh.device_type!r}, not {device_type!r}.")
+        return mesh
 
     def _get_mesh(self) -> tuple:
         """``(dimension names, sizes)`` of the enabled dimensions in canonical order; ``()`` when none is."""

@@ -22,13 +22,13 @@ from typing import Optional
 
 import torch
 
-from .safe_dcp import SafeFileSystemReader, SafeLoadPlanner
-from .errors import CheckpointError, IncompleteCheckpointError
-from .full_state_reader import apply_full_state, read_full_state
-from .full_state_writer import write_full_state
-from .safe_load import UNSAFE_OPT_IN
-from .snapshot import take_snapshot
-from .targets import CheckpointTargets
+from ...checkpointing.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+from ...checkpointing.errors import CheckpointError, IncompleteCheckpointError
+from ...checkpointing.full_state_reader import apply_full_state, read_full_state
+from ...checkpointing.full_state_writer import write_full_state
+from ...checkpointing.safe_load import UNSAFE_OPT_IN
+from ...checkpointing.snapshot import take_snapshot
+from ...checkpointing.targets import CheckpointTargets
 
 __all__ = ["ShardedCheckpointIO", "sharded_model_folder", "sharded_optimizer_folder", "empty_like",
            "check_against_metadata", "load_shards"]
@@ -64,7 +64,7 @@ def _saved_shapes(folder: Path) -> dict:
 
 def check_against_metadata(folder: Path, template: dict, prefix: str, strict: bool) -> None:
     """Every tensor of ``template`` must be in the checkpoint with the same global shape (clear error first)."""
-    from .model_files import flatten_names
+    from ...checkpointing.model_files import flatten_names
 
     saved = _saved_shapes(folder)
     for name, tensor in flatten_names(template, prefix):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.planned import not_yet_supported
+from ...core.planned import not_yet_supported
 
 __all__ = ["save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
            "fsdp2_load_full_state_dict", "fsdp2_switch_optimizer_parameters", "fsdp2_apply_ac",
@@ -30,7 +30,7 @@ _MODEL = "pytorch_model_fsdp"
 
 
 def _strategy(accelerator, what: str):
-    from .fsdp import FSDPStrategy
+    from .fsdp2 import FSDPStrategy
 
     strategy = accelerator.strategy
     if not isinstance(strategy, FSDPStrategy):
@@ -58,7 +58,7 @@ def _numbered(stem: str, index: int, extension: str = ".bin") -> str:
 
 
 def _load_shards(state: dict, folder: Path) -> None:
-    from ..checkpointing.sharded_io import check_against_metadata, load_shards
+    from .sharded_io import check_against_metadata, load_shards
 
     key = next(iter(state))
     check_against_metadata(folder, state[key], key, True)
@@ -84,7 +84,7 @@ def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0, 
 
 def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index=0, adapter_only=False, use_dcp=True):
     """Load weights ``save_fsdp_model`` saved (collective)."""
-    from ..checkpointing.sharded_io import empty_like
+    from .sharded_io import empty_like
 
     strategy = _strategy(accelerator, "load_fsdp_model")
     kind = _kind(fsdp_plugin, use_dcp, adapter_only)
@@ -105,7 +105,7 @@ def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, 
     """Save ``optimizer``'s state (which trains ``model``) to ``output_dir`` (collective)."""
     import torch.distributed.checkpoint as dcp
 
-    from ..checkpointing.optimizer_names import by_name
+    from ...checkpointing.optimizer_names import by_name
 
     strategy = _strategy(accelerator, "save_fsdp_optimizer")
     kind = _kind(fsdp_plugin, use_dcp)
@@ -124,8 +124,8 @@ def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, 
 def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index=0, adapter_only=False,
                         use_dcp=True):
     """Load an optimizer state ``save_fsdp_optimizer`` saved (collective)."""
-    from ..checkpointing.optimizer_names import by_position
-    from ..checkpointing.sharded_io import empty_like
+    from ...checkpointing.optimizer_names import by_position
+    from .sharded_io import empty_like
 
     strategy = _strategy(accelerator, "load_fsdp_optimizer")
     kind = _kind(fsdp_plugin, use_dcp, adapter_only)
@@ -168,7 +168,7 @@ def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping:
 
 def fsdp2_apply_ac(accelerator, model: torch.nn.Module):
     """Activation checkpointing on the plugin's wrap units (or the model's children), in place; returns ``model``."""
-    from .fsdp_wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
+    from .wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
 
     plugin = _strategy(accelerator, "fsdp2_apply_ac").plugin
     apply_activation_checkpointing(model, wrap_units(model, wrap_policy(model, plugin)),

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from ..checkpointing.optimizer_names import clean_name
+from ...checkpointing.optimizer_names import clean_name
 
 __all__ = ["wrap_policy", "wrap_units", "ignored_parameters", "apply_activation_checkpointing", "clean_name"]
 

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import layout
-from .errors import IncompleteCheckpointError
-from .full_state_reader import LoadedState, apply_full_state, read_full_state
-from .deepspeed_reader import check_trusted
-from .full_state_writer import write_full_state
-from .snapshot import Snapshot, take_snapshot
-from .targets import CheckpointTargets
+from ...checkpointing import layout
+from ...checkpointing.errors import IncompleteCheckpointError
+from ...checkpointing.full_state_reader import LoadedState, apply_full_state, read_full_state
+from .checkpoint_reader import check_trusted
+from ...checkpointing.full_state_writer import write_full_state
+from ...checkpointing.snapshot import Snapshot, take_snapshot
+from ...checkpointing.targets import CheckpointTargets
 
 __all__ = ["DeepSpeedCheckpointIO", "engine_tag"]
 
@@ -86,7 +86,7 @@ class DeepSpeedCheckpointIO:
     # ------------------------------------------------------------ loading
     def read(self, strategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets, *,
              load_kwargs: Optional[dict] = None, device="cpu", strict: bool = True):
-        from .deepspeed_reader import is_deepspeed_checkpoint
+        from .checkpoint_reader import is_deepspeed_checkpoint
 
         folder = Path(folder)
         if not any(is_deepspeed_checkpoint(folder / engine_tag(i)) for i in range(len(targets.models))):
@@ -103,9 +103,9 @@ class DeepSpeedCheckpointIO:
         return EngineLoadedState(rest, loads)
 
     def _read_engine(self, strategy, folder: Path, tag: str, engine, optimizer) -> _EngineLoad:
-        from .deepspeed_reader import (deepspeed_parameter_names, is_deepspeed_checkpoint, read_deepspeed_checkpoint,
+        from .checkpoint_reader import (deepspeed_parameter_names, is_deepspeed_checkpoint, read_deepspeed_checkpoint,
                                        read_deepspeed_layout)
-        from .optimizer_names import by_name, by_position
+        from ...checkpointing.optimizer_names import by_name, by_position
 
         path = folder / tag
         if not is_deepspeed_checkpoint(path):
@@ -124,7 +124,7 @@ class DeepSpeedCheckpointIO:
         return _EngineLoad(engine, folder, tag, optimizer, weights, optimizer_state)
 
     def apply(self, strategy, loaded, targets: CheckpointTargets, strict: bool = True) -> None:
-        from ..strategies.deepspeed_state import load_full_state
+        from .engine_state import load_full_state
 
         if isinstance(loaded, LoadedState):
             apply_full_state(strategy, loaded, targets, strict)

@@ -136,7 +136,7 @@ def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loade
                     data_parallel_size: int = 1, mixed_precision: str = "no", device_type: str = "cpu") -> dict:
     """A copy of ``plugin``'s config with every ``"auto"`` filled (see the module's table); a ValueError lists
     every value the config sets differently from the run."""
-    from .deepspeed_wrappers import DummyOptim, DummyScheduler
+    from .wrappers import DummyOptim, DummyScheduler
 
     config = copy.deepcopy(plugin.deepspeed_config)
     config.pop("steps_per_print", None)

@@ -17,11 +17,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..checkpointing.optimizer_names import (by_name, by_position, clean_name, is_local_state, is_shard,
+from ...checkpointing.optimizer_names import (by_name, by_position, clean_name, is_local_state, is_shard,
                                              parameter_names)
-from ..config.enums import DistributedType
-from .base import Strategy
-from .fsdp_wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
+from ...config.enums import DistributedType
+from ..base import Strategy
+from .wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
 
 __all__ = ["FSDPStrategy"]
 
@@ -34,7 +34,7 @@ class FSDPStrategy(Strategy):
     fsdp_version = 2
 
     def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
-        from ..config.fsdp import FullyShardedDataParallelPlugin
+        from ...config.fsdp import FullyShardedDataParallelPlugin
 
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin(fsdp_version=2)
         if not isinstance(self.plugin, FullyShardedDataParallelPlugin):
@@ -56,8 +56,8 @@ class FSDPStrategy(Strategy):
         gradients are unscaled by a scaler that checks every rank's shard for overflow."""
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        from ..config.kwargs import AutocastKwargs, GradScalerKwargs
-        from ..precision import autocast_precision
+        from ...config.kwargs import AutocastKwargs, GradScalerKwargs
+        from ...precision import autocast_precision
 
         return autocast_precision(self.state.mixed_precision, self.state.device,
                                   scaler_kwargs=self.handlers.get(GradScalerKwargs),
@@ -67,7 +67,7 @@ class FSDPStrategy(Strategy):
         self.state.distributed_type = DistributedType.FSDP  # what scripts check (AcceleratorState only)
         self.state.fsdp_plugin = self.plugin
         if self.state.device.type == "cpu":  # freed shard buffers go back to the system (utils/allocator.py)
-            from ..core.allocator import limit_heap_retention
+            from ...core.allocator import limit_heap_retention
 
             limit_heap_retention()
 
@@ -258,8 +258,8 @@ def _checkpoint_io(plugin):
     """Shards written per rank with DCP for ``SHARDED_STATE_DICT`` (FSDP2's default), full files otherwise."""
     from torch.distributed.fsdp import StateDictType
 
-    from ..checkpointing.checkpoint_io import FullStateCheckpointIO
-    from ..checkpointing.sharded_io import ShardedCheckpointIO
+    from ...checkpointing.checkpoint_io import FullStateCheckpointIO
+    from .sharded_io import ShardedCheckpointIO
 
     return ShardedCheckpointIO() if plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT \
         else FullStateCheckpointIO()
@@ -267,7 +267,7 @@ def _checkpoint_io(plugin):
 
 def _sharded_layout(dims, world_size: int):
     """The layout FSDP shards over: the ParallelismConfig's, or every process one shard."""
-    from ..parallel import ParallelDims
+    from ...parallel import ParallelDims
 
     if dims is None or (dims.dp_shard == 1 and not dims.model_parallel):
         return ParallelDims(dp_shard=world_size, world_size=world_size)

@@ -86,7 +86,7 @@ def check_torch_native(plugin) -> None:
 def megatron_layout(plugin, world_size: int, given=None):
     """The ``ParallelDims`` the plugin asks for on ``world_size`` processes, checked against the sizes of the
     ParallelismConfig behind ``given`` (the run's layout) when there is one."""
-    from ..parallel import ParallelDims
+    from ...parallel import ParallelDims
 
     tp, pp = plugin.tp_degree, plugin.pp_degree
     if world_size % (tp * pp):

@@ -29,9 +29,9 @@ import contextlib
 
 import torch
 
-from ..config.enums import DistributedType
-from ..parallel.tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan, splits_the_logits
-from .fsdp import FSDPStrategy, _repoint
+from ...config.enums import DistributedType
+from .tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan, splits_the_logits
+from ..fsdp.fsdp2 import FSDPStrategy, _repoint
 
 __all__ = ["ModelParallelStrategy"]
 
@@ -42,7 +42,7 @@ class ModelParallelStrategy(FSDPStrategy):
     needs_model_parallel_layout = True  # a layout with tp or pp > 1 (a subclass may run data parallelism alone)
 
     def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None, tp_plan=None, pp_config=None):
-        from ..core.planned import not_yet_supported
+        from ...core.planned import not_yet_supported
 
         if self.needs_model_parallel_layout and (dims is None or (dims.tp == 1 and dims.pp == 1)):
             raise ValueError("ModelParallelStrategy needs a layout with tp_size or pp_size > 1: "
@@ -56,10 +56,10 @@ class ModelParallelStrategy(FSDPStrategy):
         self.tp_plan = tp_plan
         self.splits_logits = False  # a "loss_parallel" head: the loss runs on logits split over the classes
         if dims.pp > 1:
-            from ..config.parallelism import TorchPipelineParallelConfig
+            from ...parallel.config import TorchPipelineParallelConfig
 
             self.pp_config = pp_config or TorchPipelineParallelConfig()
-            from ..checkpointing.sharded_io import ShardedCheckpointIO
+            from ..fsdp.sharded_io import ShardedCheckpointIO
 
             if not isinstance(self.checkpoint_io, ShardedCheckpointIO):
                 raise ValueError("Pipeline parallelism saves each rank's stages as DCP shards: use the FSDP plugin's "
@@ -86,7 +86,7 @@ class ModelParallelStrategy(FSDPStrategy):
         if self.layout.pp == 1:
             return super().prepare_training(models, optimizers, device_placement, evaluation_mode, compile_model,
                                             **context)
-        from ..checkpointing.optimizer_names import clean_name
+        from ...checkpointing.optimizer_names import clean_name
 
         if context.get("accumulation_steps", 1) > 1:
             raise ValueError("Pipeline parallelism accumulates gradients over its micro-batches: use "
@@ -112,8 +112,8 @@ class ModelParallelStrategy(FSDPStrategy):
 
     def _pipeline(self, model):
         """Cut ``model`` into stages, keep this rank's (split over tp), and the schedule that runs them."""
-        from ..parallel.pipeline import PipelineStageModule, build_pipeline, split_model
-        from ..parallel.pipeline_model import PipelineModel
+        from .pipeline import PipelineStageModule, build_pipeline, split_model
+        from .pipeline_model import PipelineModel
 
         layout, config = self.layout, self.pp_config
         layout.build_mesh(self.state.device.type)
@@ -165,7 +165,7 @@ class ModelParallelStrategy(FSDPStrategy):
                              num_items_in_batch=num_items_in_batch, **kwargs)
 
     def unwrap(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
-        from ..parallel.pipeline_model import PipelineModel
+        from .pipeline_model import PipelineModel
 
         unwrapped = super().unwrap(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
         return unwrapped.module if isinstance(unwrapped, PipelineModel) else unwrapped

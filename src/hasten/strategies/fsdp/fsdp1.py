@@ -12,8 +12,8 @@ import contextlib
 
 from torch import nn
 
-from .fsdp import FSDPStrategy
-from .fsdp_wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
+from .fsdp2 import FSDPStrategy
+from .wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
 
 __all__ = ["FSDP1Strategy"]
 
@@ -141,8 +141,8 @@ class FSDP1Strategy(FSDPStrategy):
     def optimizer_state_dict(self, model, optimizer) -> dict:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-        from ..checkpointing.optimizer_names import by_position
-        from .fsdp import _required
+        from ...checkpointing.optimizer_names import by_position
+        from .fsdp2 import _required
 
         if not self._cpu():
             return super().optimizer_state_dict(model, optimizer)

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..config.enums import DistributedType
+from ...config.enums import DistributedType
 from .megatron_mapping import check_torch_native, megatron_layout
-from .model_parallel import ModelParallelStrategy
-from .single import SingleDeviceStrategy
+from .strategy import ModelParallelStrategy
+from ..single import SingleDeviceStrategy
 
 __all__ = ["MegatronLMStrategy", "MegatronLMSingleDeviceStrategy", "megatron_strategy", "transformer_blocks"]
 
@@ -51,7 +51,7 @@ class _MegatronOptions:
         plugin = self.megatron_plugin
         if not plugin.recompute_activations:
             return
-        from .fsdp_wrapping import apply_activation_checkpointing
+        from ..fsdp.wrapping import apply_activation_checkpointing
 
         blocks = transformer_blocks(module)
         if not blocks:
@@ -97,8 +97,8 @@ class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
     needs_model_parallel_layout = False  # tp_degree = pp_degree = 1 is Megatron's plain data parallelism
 
     def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
-        from ..config.fsdp import FullyShardedDataParallelPlugin
-        from ..config.parallelism import TorchPipelineParallelConfig
+        from ...config.fsdp import FullyShardedDataParallelPlugin
+        from ...parallel.config import TorchPipelineParallelConfig
 
         layout = megatron_layout(plugin, state.num_processes, dims)
         config = getattr(layout, "_config", None)
@@ -166,7 +166,7 @@ class MegatronLMSingleDeviceStrategy(_MegatronOptions, SingleDeviceStrategy):
 def megatron_strategy(state, kwargs_handlers=None, dims=None, plugin=None):
     """The strategy for a ``MegatronLMPlugin`` (None: one read from the launcher's environment), after checking
     that the torch-native engine honours every field it sets."""
-    from ..config.megatron import MegatronLMPlugin
+    from ...config.megatron import MegatronLMPlugin
 
     plugin = plugin if plugin is not None else MegatronLMPlugin()
     if not isinstance(plugin, MegatronLMPlugin):

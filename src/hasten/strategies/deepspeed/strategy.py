@@ -26,11 +26,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..config.enums import DistributedType
-from ..collectives.operations import convert_to_fp32
-from ..core.imports import require_deepspeed
-from ..precision.engine import EnginePrecision
-from .base import Strategy
+from ...config.enums import DistributedType
+from ...collectives.operations import convert_to_fp32
+from ...core.imports import require_deepspeed
+from ...precision.engine import EnginePrecision
+from ..base import Strategy
 
 __all__ = ["DeepSpeedStrategy", "deepspeed_required"]
 
@@ -56,8 +56,8 @@ class DeepSpeedStrategy(Strategy):
     save_options_accepted = ("exclude_frozen_parameters",)  # engine.save_checkpoint's
 
     def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
-        from ..config.deepspeed import DeepSpeedPlugin
-        from .deepspeed_config import check_plugin_config
+        from ...config.deepspeed import DeepSpeedPlugin
+        from .auto_config import check_plugin_config
 
         if plugin is None:
             plugin = DeepSpeedPlugin()  # from the launcher's HASTEN_DEEPSPEED_* environment
@@ -81,7 +81,7 @@ class DeepSpeedStrategy(Strategy):
         super().__init__(state, kwargs_handlers, dims)
         self._engines: list = []
         self.save_options: dict = {}  # save_state(**save_model_func_kwargs) for the save in progress
-        from ..checkpointing.deepspeed_io import DeepSpeedCheckpointIO
+        from .checkpoint_io import DeepSpeedCheckpointIO
 
         self.checkpoint_io = DeepSpeedCheckpointIO()
 
@@ -113,7 +113,7 @@ class DeepSpeedStrategy(Strategy):
     # ------------------------------------------------------------ preparation
     def check_prepare(self, models, optimizers, schedulers) -> None:
         """Refuse, before anything is built, what one engine cannot take."""
-        from .deepspeed_wrappers import DummyOptim, DummyScheduler
+        from .wrappers import DummyOptim, DummyScheduler
 
         if len(models) > 1:
             raise ValueError(
@@ -144,8 +144,8 @@ class DeepSpeedStrategy(Strategy):
 
     def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
                          data_loaders=(), schedulers=(), accumulation_steps: int = 1):
-        from .deepspeed_wrappers import DummyOptim, DummyScheduler
-        from .deepspeed_config import resolved_config
+        from .wrappers import DummyOptim, DummyScheduler
+        from .auto_config import resolved_config
 
         self.check_prepare(models, optimizers, schedulers)
         if not models:
@@ -169,7 +169,7 @@ class DeepSpeedStrategy(Strategy):
             offloaded = str((config.get("zero_optimization", {}).get("offload_optimizer") or {}).get(
                 "device", "none")).lower() != "none"
             if offloaded:
-                from .deepspeed_wrappers import map_pytorch_optim_to_deepspeed
+                from .wrappers import map_pytorch_optim_to_deepspeed
 
                 optimizer = map_pytorch_optim_to_deepspeed(optimizer)
             kwargs["optimizer"] = optimizer
@@ -183,7 +183,7 @@ class DeepSpeedStrategy(Strategy):
                      if stage == 0 and self.precision.dtype is not None and optimizer is not None else {})
         engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(**kwargs)
         if originals:
-            from .deepspeed_state import undo_warmup_step
+            from .engine_state import undo_warmup_step
 
             undo_warmup_step(engine, originals)
         record = _Engine(engine, self.plugin_name, names, optimizers[0] if optimizers else None,
@@ -191,7 +191,7 @@ class DeepSpeedStrategy(Strategy):
         self._engines.append(record)
         prepared_optimizers = []
         if optimizers:
-            from .deepspeed_wrappers import DeepSpeedOptimizerWrapper
+            from .wrappers import DeepSpeedOptimizerWrapper
 
             prepared_optimizers.append(DeepSpeedOptimizerWrapper(engine_optimizer, strategy=self, engine=engine,
                                                                  client_optimizer=record.client_optimizer))
@@ -200,7 +200,7 @@ class DeepSpeedStrategy(Strategy):
     def engine_scheduler_for(self, scheduler, optimizers):
         """A ``DummyScheduler`` stands for the scheduler the engine built (from the config, or with its
         ``lr_scheduler_callable``) and steps itself: that one, wrapped so that ``step()`` leaves it to the engine."""
-        from .deepspeed_wrappers import DeepSpeedSchedulerWrapper, DummyScheduler
+        from .wrappers import DeepSpeedSchedulerWrapper, DummyScheduler
 
         if not isinstance(scheduler, DummyScheduler):
             return None
@@ -264,7 +264,7 @@ class DeepSpeedStrategy(Strategy):
 
     # ------------------------------------------------------------ the training step
     def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, **kwargs) -> None:
-        from ..state import GradientState
+        from ...state import GradientState
 
         engine_model = kwargs.pop("model", None) or model
         record = self._record(engine_model) if engine_model is not None else self._record(self.engine_of())
@@ -301,7 +301,7 @@ class DeepSpeedStrategy(Strategy):
                 f"The DeepSpeed config sets gradient_clipping={configured} and clip_grad_norm_ asks for max_norm="
                 f"{max_norm}: set gradient_clipping to 'auto' in the config (it then follows clip_grad_norm_) or make "
                 "both the same.")
-        from .deepspeed_state import engine_kind
+        from .engine_state import engine_kind
 
         engine._config.gradient_clipping = float(max_norm)
         optimizer = engine.optimizer
@@ -342,7 +342,7 @@ class DeepSpeedStrategy(Strategy):
 
     def model_state_dict(self, model, full: bool = True) -> dict:
         """The module's weights (16-bit under bf16/fp16, as the engine holds them); ZeRO-3 gathers them."""
-        from .deepspeed_state import full_model_state
+        from .engine_state import full_model_state
 
         if not _is_engine(model):
             return super().model_state_dict(model, full)
@@ -350,32 +350,32 @@ class DeepSpeedStrategy(Strategy):
 
     def master_model_state_dict(self, model) -> dict:
         """The fp32 master weights (what the optimizer updates), whole, on every rank."""
-        from .deepspeed_state import full_model_state
+        from .engine_state import full_model_state
 
         return full_model_state(model, fp32=True)
 
     def load_model_state_dict(self, model, state_dict, strict=True):
-        from .deepspeed_state import load_full_state
+        from .engine_state import load_full_state
 
         if not _is_engine(model):
             return super().load_model_state_dict(model, state_dict, strict)
         load_full_state(model, state_dict, None, [], strict=strict)
 
     def expected_state_dict(self, model, keep_vars=False) -> dict:
-        from .deepspeed_state import expected_model_state
+        from .engine_state import expected_model_state
 
         if not _is_engine(model):
             return super().expected_state_dict(model, keep_vars)
         return expected_model_state(model)
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
-        from .deepspeed_state import full_optimizer_state
+        from .engine_state import full_optimizer_state
 
         engine = _wrapped_engine(optimizer)
         return full_optimizer_state(engine, self._record(engine).names)
 
     def load_optimizer_state_dict(self, model, optimizer, state_dict) -> None:
-        from .deepspeed_state import load_full_state
+        from .engine_state import load_full_state
 
         engine = _wrapped_engine(optimizer)
         load_full_state(engine, None, state_dict, self._record(engine).names)
@@ -407,7 +407,7 @@ def _wrapped_engine(optimizer):
 
 def _parameter_names(model: nn.Module, optimizer) -> list:
     """The names of the optimizer's parameters per group, in its order (a DummyOptim's params too)."""
-    from ..checkpointing.optimizer_names import clean_name
+    from ...checkpointing.optimizer_names import clean_name
 
     names = {id(p): clean_name(n) for n, p in model.named_parameters()}
     if optimizer is None:
@@ -421,7 +421,7 @@ def _parameter_names(model: nn.Module, optimizer) -> list:
 
 def _single_process_environment() -> None:
     """DeepSpeed needs a process group even on one process: a local one, as torchrun would describe it."""
-    from ..core.network import find_free_port
+    from ...core.network import find_free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(find_free_port()))
@@ -434,7 +434,7 @@ def deepspeed_required(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from ..state import AcceleratorState
+        from ...state import AcceleratorState
 
         if AcceleratorState._shared_state and AcceleratorState().distributed_type != DistributedType.DEEPSPEED:
             raise ValueError(

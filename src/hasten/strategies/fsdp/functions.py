@@ -17,10 +17,10 @@ from typing import Callable, Union
 
 import torch
 
-from ..config.fsdp import get_module_class_from_name
-from ..logging import get_logger
-from ..core.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-from .fsdp_checkpoint_files import (fsdp2_apply_ac, fsdp2_load_full_state_dict, fsdp2_prepare_model,
+from ...config.fsdp import get_module_class_from_name
+from ...logging import get_logger
+from ...core.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from .checkpoint_files import (fsdp2_apply_ac, fsdp2_load_full_state_dict, fsdp2_prepare_model,
                                     fsdp2_switch_optimizer_parameters, load_fsdp_model, load_fsdp_optimizer,
                                     save_fsdp_model, save_fsdp_optimizer)
 
@@ -52,8 +52,8 @@ def _distributed_checkpoint_to_merged_weights(checkpoint_dir, save_path, safe_se
                                              weights_only: bool = True) -> Path:
     """Read every shard of the DCP checkpoint in ``checkpoint_dir`` (one process, CPU) and write one file.
     Nothing in it is unpickled beyond DCP metadata and plain values unless ``weights_only=False`` (trusted only)."""
-    from ..checkpointing.safe_dcp import read_dcp_checkpoint
-    from ..checkpointing.serialization import save
+    from ...checkpointing.safe_dcp import read_dcp_checkpoint
+    from ...checkpointing.serialization import save
 
     state_dict = read_dcp_checkpoint(checkpoint_dir, weights_only=weights_only,
                                      unsafe_hint="merge_fsdp_weights(..., weights_only=False)")
@@ -77,7 +77,7 @@ def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization
     weights_only: read the checkpoint without unpickling arbitrary objects (DCP's own reader would run any code a
         ``.metadata`` file names); ``False`` only for a checkpoint you trust.
     """
-    from ..state import PartialState
+    from ...state import PartialState
 
     checkpoint_dir = Path(checkpoint_dir)
     if not (checkpoint_dir / ".metadata").is_file():
