@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten.checkpointing import CheckpointError, async_save, full_state_writer
+from hasten.checkpointing import CheckpointError, async_save, checkpoint_io
 from hasten.checkpointing.atomic import is_complete, staging_folder
 from hasten.checkpointing.rotation import newest_complete_checkpoint
 from helpers import run_launch
@@ -34,14 +34,14 @@ def train(accelerator, model, optimizer, steps=2):
 def blocked_writer(monkeypatch):
     """Make the background writing wait for ``release``; ``started`` is set once it began."""
     started, release = threading.Event(), threading.Event()
-    original = full_state_writer.write_shared_files
+    original = checkpoint_io.write_shared_files
 
     def write(*args, **kwargs):
         started.set()
         assert release.wait(20), "the test never released the writer"
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(full_state_writer, "write_shared_files", write)
+    monkeypatch.setattr(checkpoint_io, "write_shared_files", write)
     return started, release
 
 
@@ -101,7 +101,7 @@ def test_failed_background_write_keeps_the_previous_checkpoint_and_raises_on_the
     def broken(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(full_state_writer, "write_process_files", broken)
+    monkeypatch.setattr(checkpoint_io, "write_process_files", broken)
     release.set()
     with pytest.raises(CheckpointError, match="asynchronous save_state.*checkpoint_1.*never completed"):
         accelerator.save_state(async_save=True)  # the next call surfaces the background error

@@ -10,7 +10,7 @@ from torch import nn
 from hasten.checkpointing import layout
 from hasten.checkpointing.model_files import drop_aliases, fill_aliases, match_keys
 from hasten.checkpointing.rng import capture_rng_states, restore_rng_states
-from hasten.checkpointing.safetensors_io import SAFETENSORS_DTYPES, write_safetensors
+from hasten.checkpointing.writers import SAFETENSORS_DTYPES, write_safetensors
 
 
 def test_file_names_are_the_reference_library_s():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = "hasten"

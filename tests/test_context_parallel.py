@@ -63,9 +63,9 @@ def test_layouts_context_parallelism_cannot_take_are_refused():
 
     four = SimpleNamespace(num_processes=4)  # refused from the layout and the plugin, before the state is used
     with pytest.raises(ValueError, match="FSDP2"):
-        select_strategy(four, {}, ParallelDims(cp=2, dp_shard=2, world_size=4),
+        select_strategy(four, None, ParallelDims(cp=2, dp_shard=2, world_size=4),
                         fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1))
     with pytest.raises(NotImplementedError, match="context parallelism with pipeline parallelism"):
-        select_strategy(four, {}, ParallelDims(cp=2, pp=2, world_size=4))
+        select_strategy(four, None, ParallelDims(cp=2, pp=2, world_size=4))
     with pytest.raises(ValueError, match="cp"):
         Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2))  # one process

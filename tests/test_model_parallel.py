@@ -99,4 +99,4 @@ def test_tensor_parallelism_with_fsdp1_is_refused_naming_fsdp2(monkeypatch):
     state = Accelerator(cpu=True).state
     dims = ParallelDims(dp_shard=2, tp=2, world_size=4, rank=0)
     with pytest.raises(ValueError, match="fsdp_version=2"):
-        select_strategy(state, {}, dims, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1))
+        select_strategy(state, None, dims, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1))

@@ -48,7 +48,7 @@ class Recording(SingleDeviceStrategy):
 
 def recording_accelerator(**kwargs):
     accelerator = Accelerator(cpu=True, **kwargs)
-    strategy = Recording(accelerator.state, accelerator.handlers)
+    strategy = Recording(accelerator.state, accelerator.strategy.settings)
     accelerator.strategy = accelerator._accumulator.strategy = strategy
     accelerator.precision, accelerator.scaler = strategy.precision, strategy.precision.scaler
     return accelerator, strategy

@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import importlib
 import os
 import sys
 import warnings
@@ -20,11 +19,14 @@ import torch
 from torch import nn
 
 from .accumulation import GradientAccumulator
+from .checkpointing.serialization import save as _save
+from .collectives import operations
 from .compile import apply_dynamo_plugin, remove_regional_compilation
 from .config.accelerator_settings import SPLIT_BATCHES_UNSET, resolve_accelerator_settings
 from .config.booleans import parse_bool
 from .config.kwargs import AutocastKwargs, InitProcessGroupKwargs, ProfileKwargs
 from .core.lazy import build_table, lazy_exports
+from .core.memory import release_memory
 from .evaluation import gather_for_metrics as _gather_for_metrics
 from .logging import get_logger
 from .optimizer import AcceleratedOptimizer
@@ -33,10 +35,12 @@ from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState
 from .strategies import select_strategy
 from .strategies.deepspeed.wrappers import (  # noqa: F401 - Accelerate's names in this module, as with deepspeed installed
-    DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper, DummyOptim, DummyScheduler)
-from .collectives import operations
-from .core.memory import release_memory
-from .checkpointing.serialization import save as _save
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+)
 
 __all__ = ["Accelerator"]
 
@@ -59,14 +63,6 @@ __getattr__, _ = lazy_exports(__name__, build_table({
 }))
 
 _LR_SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-
-
-def _precision_for_state(asked: Optional[str], resolved: str) -> Optional[str]:
-    """What the shared state is created with: a second Accelerator that does not ask for a precision itself keeps
-    the one the run already has (as in the reference), instead of conflicting with it."""
-    if asked is None and AcceleratorState._shared_state:
-        return None
-    return resolved
 
 
 def _expected_world_size() -> int:
@@ -120,8 +116,11 @@ class Accelerator:
         parallelism_config = resolve_parallelism_config(parallelism_config)  # argument, else the launcher's
         if parallelism_config is not None:  # sizes that cannot fit fail before any process group exists
             ParallelDims.from_config(parallelism_config, _expected_world_size())
+        if mixed_precision is None and AcceleratorState._shared_state:
+            # a second Accelerator that does not ask for a precision keeps the run's (as in the reference)
+            settings.mixed_precision = AcceleratorState().mixed_precision
         self.state = AcceleratorState(
-            mixed_precision=_precision_for_state(mixed_precision, settings.mixed_precision), cpu=settings.cpu,
+            mixed_precision=settings.mixed_precision, cpu=settings.cpu,
             dynamo_plugin=settings.dynamo_plugin,
             deepspeed_plugin=deepspeed_plugin or deepspeed_plugins, fsdp_plugin=fsdp_plugin,
             torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin,
@@ -129,7 +128,7 @@ class Accelerator:
         )
         dims = ParallelDims.from_config(parallelism_config, self.state.num_processes)  # validated: sizes fit
         self.strategy = select_strategy(
-            self.state, self.handlers, dims, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins,
+            self.state, settings, dims, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins,
             fsdp_plugin=fsdp_plugin, megatron_lm_plugin=megatron_lm_plugin, torch_tp_plugin=torch_tp_plugin,
         )
         self.strategy.setup()
@@ -858,8 +857,8 @@ class Accelerator:
         """
         from .checkpointing import save_state
 
-        return save_state(self, output_dir, safe_serialization=safe_serialization, async_save=async_save,
-                          **save_model_func_kwargs)
+        return save_state(self.strategy, self.checkpoint_targets(), self.project_configuration, output_dir,
+                          safe_serialization=safe_serialization, async_save=async_save, **save_model_func_kwargs)
 
     def wait_for_checkpoint(self) -> Optional[str]:
         """Wait until a ``save_state(async_save=True)`` of this process is complete on disk; returns its folder
@@ -879,7 +878,8 @@ class Accelerator:
         from .checkpointing import load_state
 
         self.wait_for_checkpoint()
-        return load_state(self, input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
+        return load_state(self.strategy, self.checkpoint_targets(), self.project_configuration, input_dir,
+                          load_kwargs=load_kwargs, **load_model_func_kwargs)
 
     def save_model(self, model, save_directory, max_shard_size="10GB", safe_serialization: bool = True) -> None:
         """Save ``model``'s weights (sharded safetensors + index when larger than ``max_shard_size``; tied

@@ -11,8 +11,8 @@ process passing tensors while another passes other objects makes every process r
 """
 from __future__ import annotations
 
-from .state import GradientState
 from .collectives.operations import _gather, _gather_object, recursively_apply
+from .state import GradientState
 
 __all__ = ["gather_for_metrics"]
 

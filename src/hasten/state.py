@@ -19,9 +19,9 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from .config.accelerator_settings import resolve_mixed_precision
 from .config.enums import DistributedType, PrecisionType
 from .core.env_aliases import get_flag_setting, get_setting
-from .config.resolution import resolve
 from .core.env_vars import get_int_from_env, parse_flag_from_env
 from .core.environment import is_debug_mode
 from .core.imports import is_torch_xla_available
@@ -400,8 +400,10 @@ def split_for_process(inputs, num_processes: int, process_index: int, apply_padd
 class AcceleratorState:
     """``PartialState`` plus the training settings (mixed precision, plugins). One per run, shared.
 
-    ``mixed_precision`` follows the one precedence rule (argument > ``HASTEN_MIXED_PRECISION`` > default
-    ``"no"``). Process facts (device, ranks, ``num_processes`` ...) are answered by the ``PartialState`` it holds.
+    The Accelerator creates it with its settings already resolved (``_from_accelerator=True``); created on its own,
+    ``mixed_precision`` follows the one precedence rule (argument > ``HASTEN_MIXED_PRECISION`` > ``"no"``,
+    ``config.accelerator_settings.resolve_mixed_precision``). Process facts (device, ranks, ``num_processes`` ...) are
+    answered by the ``PartialState`` it holds.
     """
 
     _shared_state = SharedDict()
@@ -421,11 +423,8 @@ class AcceleratorState:
                 )
             return
         self._partial = PartialState(cpu, **kwargs)
-        value, _ = resolve(
-            "mixed_precision", mixed_precision, argument_name="mixed_precision=",
-            default=PrecisionType.NO, parse=lambda v: PrecisionType.parse(v, "mixed_precision"),
-        )
-        self._mixed_precision = PrecisionType(value).value
+        self._mixed_precision = (PrecisionType.parse(mixed_precision, "mixed_precision").value if _from_accelerator
+                                 else resolve_mixed_precision(mixed_precision))
         self.dynamo_plugin = dynamo_plugin
         self.deepspeed_plugins = deepspeed_plugin
         self.fsdp_plugin = fsdp_plugin

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from hasten import Accelerator
-from hasten.checkpointing import async_save, full_state_writer
+from hasten.checkpointing import async_save, checkpoint_io
 
 
 def main(work: Path) -> None:
@@ -24,13 +24,13 @@ def main(work: Path) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
     model, optimizer = accelerator.prepare(model, optimizer)
     if accelerator.process_index == 1:
-        original = full_state_writer.write_process_files
+        original = checkpoint_io.write_process_files
 
         def slow(*args, **kwargs):
             time.sleep(0.4)
             return original(*args, **kwargs)
 
-        full_state_writer.write_process_files = slow
+        checkpoint_io.write_process_files = slow
     generator = torch.Generator().manual_seed(accelerator.process_index)
 
     def step():

@@ -68,7 +68,7 @@ class ReplicaPerTensorRank(DDPStrategy):
 
 def model_parallel_layout() -> None:
     accelerator = Accelerator(cpu=True)
-    stand_in = ReplicaPerTensorRank(accelerator.state, accelerator.handlers,
+    stand_in = ReplicaPerTensorRank(accelerator.state, accelerator.strategy.settings,
                                     ParallelDims(tp=2, world_size=accelerator.num_processes))
     accelerator.strategy = accelerator._accumulator.strategy = stand_in
     rank = accelerator.process_index

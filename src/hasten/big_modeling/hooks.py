@@ -19,8 +19,8 @@ import torch.nn as nn
 
 from ..collectives.operations import find_device, send_to_device
 from .module_tensors import get_non_persistent_buffers, get_tensor, named_module_tensors
-from .tensor_placement import set_module_tensor_to_device
 from .offload import PrefixedDataset
+from .tensor_placement import set_module_tensor_to_device
 
 __all__ = ["ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module", "remove_hook_from_submodules",
            "AlignDevicesHook", "attach_execution_device_hook", "attach_align_device_hook",

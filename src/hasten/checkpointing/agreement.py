@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, TypeVar
 
-from ..state import PartialState
 from ..collectives.operations import gather_object
+from ..state import PartialState
 from .errors import CheckpointError
 
 __all__ = ["together", "raise_if_any_failed", "gather_failures"]

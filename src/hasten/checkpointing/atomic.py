@@ -24,7 +24,6 @@ from .checksums import check_files_later, checksums_enabled, checksums_of
 from .errors import CorruptCheckpointError, IncompleteCheckpointError
 from .layout import MARKER_NAME
 from .lock import LOCK_NAME
-
 from .serialization import fsync_file  # the one implementation, shared with hasten.utils.save
 
 __all__ = ["staging_folder", "replaced_folder", "fsync_file", "fsync_folder", "write_marker", "read_marker",

@@ -65,6 +65,8 @@ def auto_resume(accelerator, checkpoints_dir=None, **load_state_kwargs) -> Optio
 
     root = Path(os.fspath(checkpoints_dir)) if checkpoints_dir is not None \
         else checkpoints_root(accelerator.project_configuration)
-    loaded = load_state(accelerator, None, _newest_under=root, **load_state_kwargs)
+    accelerator.wait_for_checkpoint()  # a pending save_state(async_save=True) completes first
+    loaded = load_state(accelerator.strategy, accelerator.checkpoint_targets(), accelerator.project_configuration,
+                        None, _newest_under=root, **load_state_kwargs)
     logger.warning("auto_resume: continuing from %s%s.", loaded, note)
     return loaded

@@ -9,18 +9,30 @@ holds owns only the files' contents. Four steps, so the transaction can put its 
   rank into the same folder);
 - ``read(strategy, folder, marker, targets, ...)``: every file this process needs, read and checked, nothing applied;
 - ``apply(strategy, loaded, targets, strict)``: apply it all, or put back what was applied and raise.
+
+The default IO, ``FullStateCheckpointIO``, is whole here but for reading (``full_state_reader.py``): the
+``Snapshot`` of everything a full-state checkpoint holds, taken before anything is written (a failing
+``state_dict`` happens before the disk is touched, and the random states are those of the moment ``save_state`` was
+called), and the writer of its files in the reference library's layout. The process that writes the shared files
+(``SaveTransaction.writes_shared_files``: the main process, or each machine's without a shared file system)
+writes models, optimizers, schedulers, scaler and registered objects; every process its own random states and
+loader positions.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
+from . import layout
 from .full_state_reader import apply_full_state, read_full_state
-from .full_state_writer import write_full_state
-from .snapshot import take_snapshot
+from .model_files import drop_aliases, state_dict_for_checkpoint
+from .rng import capture_rng_states
 from .targets import CheckpointTargets
+from .writers import write_pickle, write_tensors
 
-__all__ = ["FullStateCheckpointIO"]
+__all__ = ["FullStateCheckpointIO", "Snapshot", "take_snapshot", "write_full_state", "write_shared_files",
+           "write_process_files"]
 
 
 class FullStateCheckpointIO:
@@ -43,3 +55,69 @@ class FullStateCheckpointIO:
 
     def apply(self, strategy, loaded, targets: CheckpointTargets, strict: bool = True) -> None:
         apply_full_state(strategy, loaded, targets, strict)
+
+
+@dataclass
+class Snapshot:
+    weights: list = field(default_factory=list)  # one state dict per model, keyed as the prepared model
+    optimizers: list = field(default_factory=list)
+    schedulers: list = field(default_factory=list)
+    scaler: Optional[dict] = None
+    loaders: list = field(default_factory=list)  # this process's loader states (None: a loader without one)
+    custom: list = field(default_factory=list)
+    rng: dict = field(default_factory=dict)
+
+
+def _loader_state(loader) -> Optional[Any]:
+    state_dict = getattr(loader, "state_dict", None)
+    return state_dict() if callable(state_dict) else None
+
+
+def take_snapshot(strategy, targets, model_state=None, optimizer_state=None) -> Snapshot:
+    """Collective under sharded strategies (their state dicts gather): every process calls it.
+    ``model_state(model)`` / ``optimizer_state(model, optimizer)``: how to take those states (default: the
+    strategy's full state dicts)."""
+    model_state = model_state or (lambda model: state_dict_for_checkpoint(strategy, model))
+    optimizer_state = optimizer_state or strategy.optimizer_state_dict
+    return Snapshot(
+        weights=[model_state(model) for model in targets.models],
+        optimizers=[optimizer_state(targets.model_of(optimizer), optimizer) for optimizer in targets.optimizers],
+        schedulers=[scheduler.state_dict() for scheduler in targets.schedulers],
+        scaler=targets.scaler.state_dict() if targets.scaler is not None else None,
+        loaders=[_loader_state(loader) for loader in targets.dataloaders],
+        custom=[obj.state_dict() for obj in targets.custom_objects],
+        rng=capture_rng_states(step=targets.step),
+    )
+
+
+def write_full_state(staging: Path, snapshot: Snapshot, *, writes_shared_files: bool, process_index: int,
+                     safe_serialization: bool = True) -> None:
+    """Write ``snapshot`` into ``staging``: the shared files when this process writes them, its own always."""
+    if writes_shared_files:
+        write_shared_files(staging, snapshot, safe_serialization)
+    write_process_files(staging, snapshot, process_index)
+
+
+def write_shared_files(folder: Path, snapshot: Snapshot, safe_serialization: bool) -> None:
+    for index, weights in enumerate(snapshot.weights):
+        if weights is None:
+            continue
+        path = folder / layout.model_file(index, safe_serialization)
+        if safe_serialization:
+            write_tensors(drop_aliases(weights)[0], path, metadata={"format": "pt"}, checksum=True)
+        else:
+            write_pickle(weights, path, checksum=True)
+    for index, state in enumerate(snapshot.optimizers):
+        write_pickle(state, folder / layout.optimizer_file(index), checksum=True)
+    for index, state in enumerate(snapshot.schedulers):
+        write_pickle(state, folder / layout.scheduler_file(index), checksum=True)
+    if snapshot.scaler is not None:
+        write_pickle(snapshot.scaler, folder / layout.SCALER_NAME, checksum=True)
+    for index, state in enumerate(snapshot.custom):
+        write_pickle(state, folder / layout.custom_object_file(index), checksum=True)
+
+
+def write_process_files(folder: Path, snapshot: Snapshot, process_index: int) -> None:
+    write_pickle(snapshot.rng, folder / layout.rng_file(process_index), checksum=True)
+    if snapshot.loaders:
+        write_pickle(snapshot.loaders, folder / layout.loader_states_file(process_index), checksum=True)

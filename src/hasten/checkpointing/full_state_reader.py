@@ -24,9 +24,9 @@ from ..state import PartialState
 from . import layout
 from .errors import CheckpointError, CorruptCheckpointError, IncompleteCheckpointError
 from .model_files import prepare_loaded_state
+from .optimizer_names import by_position
 from .rng import capture_rng_states, restore_rng_states
 from .safe_load import load_pickle_file, load_safetensors_file
-from .optimizer_names import by_position
 from .sharded_files import is_sharded_folder, model_weights_from_shards, optimizer_state_from_shards
 from .targets import CheckpointTargets
 

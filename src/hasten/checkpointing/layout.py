@@ -24,8 +24,7 @@ import re
 from typing import Optional
 
 # model.safetensors / pytorch_model.bin, optimizer.bin ...: Accelerate's names, defined in hasten.utils.constants
-from ..core.constants import (MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SCALER_NAME,
-                               SCHEDULER_NAME)
+from ..core.constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SCALER_NAME, SCHEDULER_NAME
 
 __all__ = [
     "SAFE_MODEL_NAME", "MODEL_NAME", "OPTIMIZER_NAME", "SCHEDULER_NAME", "SCALER_NAME", "RNG_STATE_NAME",

@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from ..state import PartialState
 from ..collectives.operations import broadcast_object_list
+from ..state import PartialState
 from . import layout
 from .agreement import gather_failures, together
 from .atomic import content_changed, recover_interrupted_swap, start_content_check, verify_complete
@@ -134,17 +134,16 @@ def complete_candidates(root) -> list[Path]:
     return [Path(folder) for folder in found[0]]
 
 
-def load_newest(accelerator, root, load_kwargs: Optional[dict] = None, device="cpu", strict: bool = True,
-                targets=None) -> Path:
+def load_newest(strategy, targets, project, root, load_kwargs: Optional[dict] = None, device="cpu",
+                strict: bool = True) -> Path:
     """Load the newest complete checkpoint under ``root`` that is intact; a damaged one is reported and the
     one before it tried. Raises ``CheckpointNotFoundError`` when there is none, the last error when none loads."""
-    targets = targets if targets is not None else accelerator.checkpoint_targets()
     candidates = complete_candidates(root)
     if not candidates:
         agreed_folder(lambda: require_newest_complete_checkpoint(root))  # raises, saying what is there
     for position, folder in enumerate(candidates):
         try:
-            _load_folder(accelerator.strategy, targets, folder, load_kwargs, device, strict)
+            _load_folder(strategy, targets, folder, load_kwargs, device, strict)
         except _Refused as refused:
             if not refused.damaged or position + 1 == len(candidates):
                 raise refused.error from None
@@ -152,7 +151,7 @@ def load_newest(accelerator, root, load_kwargs: Optional[dict] = None, device="c
                            "complete checkpoint, %s, instead.", folder, refused.reason, candidates[position + 1])
             continue
         if position:
-            _skip_past(accelerator.project_configuration, candidates[0])
+            _skip_past(project, candidates[0])
         return folder
     raise AssertionError("unreachable")
 
@@ -164,10 +163,11 @@ def _skip_past(project, damaged: Path) -> None:
         project.iteration = max(project.iteration, iteration + 1)
 
 
-def load_state(accelerator, input_dir=None, load_kwargs: Optional[dict] = None, _newest_under=None,
+def load_state(strategy, targets, project, input_dir=None, load_kwargs: Optional[dict] = None, _newest_under=None,
                **load_model_func_kwargs) -> str:
-    """Load a state saved by ``save_state`` (or by the reference library); returns the folder loaded.
-    ``_newest_under`` (for ``auto_resume``): load the newest intact complete checkpoint under that folder."""
+    """Load a state saved by ``save_state`` (or by the reference library) into ``targets`` (a ``CheckpointTargets``)
+    through ``strategy``; returns the folder loaded. ``project``: the ``ProjectConfiguration`` that names automatic
+    folders. ``_newest_under`` (for ``auto_resume``): load the newest intact complete checkpoint under that folder."""
     map_location = load_model_func_kwargs.pop("map_location", None)
     strict = load_model_func_kwargs.pop("strict", True)
     if load_model_func_kwargs:
@@ -177,18 +177,16 @@ def load_state(accelerator, input_dir=None, load_kwargs: Optional[dict] = None, 
         )
     if load_kwargs is not None and not isinstance(load_kwargs, dict):
         raise TypeError(f"load_kwargs must be a dict of torch.load options, got {type(load_kwargs).__name__}.")
-    targets = accelerator.checkpoint_targets()
     device = _device_for(map_location, targets)
-    project = accelerator.project_configuration
     if _newest_under is not None or (input_dir is None and project.automatic_checkpoint_naming):
         root = Path(os.fspath(_newest_under)) if _newest_under is not None else checkpoints_root(project)
-        folder = load_newest(accelerator, root, load_kwargs, device, strict, targets)
+        folder = load_newest(strategy, targets, project, root, load_kwargs, device, strict)
         logger.info("Loaded the state from %s", folder)
     else:
         folder = resolve_load_folder(project, input_dir)
         logger.info("Loading the state from %s", folder)
         try:
-            _load_folder(accelerator.strategy, targets, folder, load_kwargs, device, strict)
+            _load_folder(strategy, targets, folder, load_kwargs, device, strict)
         except _Refused as refused:
             raise refused.error from None
     iteration = layout.automatic_iteration(folder)

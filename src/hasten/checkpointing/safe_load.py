@@ -30,8 +30,8 @@ from typing import Optional
 
 import torch
 
-from .serialization import load as _torch_load
 from .errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
+from .serialization import load as _torch_load
 
 __all__ = ["SAFE_TYPES", "load_pickle_file", "load_safetensors_file", "UNSAFE_OPT_IN"]
 

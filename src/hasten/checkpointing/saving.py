@@ -49,32 +49,33 @@ def resolve_save_folder(project_configuration, output_dir) -> tuple[Path, bool]:
     return folder, False
 
 
-def save_state(accelerator, output_dir=None, safe_serialization: bool = True, async_save: bool = False,
+def save_state(strategy, targets, project, output_dir=None, safe_serialization: bool = True, async_save: bool = False,
                **save_model_func_kwargs) -> str:
-    """Save the Accelerator's whole training state; returns the checkpoint folder (see ``Accelerator.save_state``).
-    ``async_save``: write the files in the background (``async_save.py``)."""
+    """Save a run's whole training state; returns the checkpoint folder (see ``Accelerator.save_state``).
+
+    ``strategy`` writes the state inside the staging folder, ``targets`` (a ``CheckpointTargets``) is what is saved,
+    ``project`` (a ``ProjectConfiguration``) names automatic folders and keeps the iteration. ``async_save``: write
+    the files in the background (``async_save.py``)."""
     from . import async_save as background
 
     background.wait_for_pending()  # the previous asynchronous save completes (or raises) before this one
-    accepted = accelerator.strategy.save_options_accepted
+    accepted = strategy.save_options_accepted
     unknown = sorted(set(save_model_func_kwargs) - set(accepted))
     if unknown:
         raise TypeError(
             f"save_state got {unknown}: extra model-saving options are passed to a backend's own checkpoint function "
-            f"(DeepSpeed's save_checkpoint), and {type(accelerator.strategy).__name__} takes "
+            f"(DeepSpeed's save_checkpoint), and {type(strategy).__name__} takes "
             f"{sorted(accepted) if accepted else 'none'}."
         )
-    if async_save and not accelerator.strategy.supports_async_save:
-        raise ValueError(f"save_state(async_save=True) is not available with {type(accelerator.strategy).__name__}: its "
+    if async_save and not strategy.supports_async_save:
+        raise ValueError(f"save_state(async_save=True) is not available with {type(strategy).__name__}: its "
                          "engine writes its own files, collectively, while the save runs. Call save_state() without "
                          "async_save.")
-    project = accelerator.project_configuration
     folder, automatic = resolve_save_folder(project, output_dir)
     state = PartialState()
 
     group = background.completion_group() if async_save else None  # collective, once, on the first async save
     copy = (lambda taken: background.detached_copy(taken, reuse=True)) if async_save else (lambda taken: taken)
-    strategy, targets = accelerator.strategy, accelerator.checkpoint_targets()
     if accepted:
         strategy.save_options = dict(save_model_func_kwargs)  # this save's; the IO reads them while collecting
     snapshot = together("collecting the state to save", lambda: copy(strategy.collect_checkpoint(targets)))

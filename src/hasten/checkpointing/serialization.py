@@ -206,7 +206,6 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
     (different views of one storage, e.g. a fused QKV weight split in three) are kept, each from its own copy:
     dropping them, as the reference does, would lose their data. Non-tensor values are kept as they are.
     """
-    from .serialization import _tensors_for_safetensors
 
     first_name = {}
     aliases = []

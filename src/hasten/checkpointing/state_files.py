@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Optional
 
 from ..state import PartialState
-from .serialization import save as _save_from_one_process
 from . import layout
 from .full_state_reader import model_path
 from .model_files import drop_aliases, fill_aliases, match_keys
 from .rng import capture_rng_states, restore_rng_states
 from .safe_load import load_pickle_file, load_safetensors_file
+from .serialization import save as _save_from_one_process
 from .writers import atomic_file, write_pickle, write_tensors
 
 __all__ = ["save_accelerator_state", "load_accelerator_state", "save_custom_state", "load_custom_state"]

@@ -19,8 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from ..state import PartialState
 from ..collectives.operations import broadcast_object_list
+from ..state import PartialState
 from .agreement import together
 from .atomic import recover_interrupted_swap, staging_folder, swap_into_place, write_marker
 from .errors import CheckpointError

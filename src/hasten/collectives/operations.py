@@ -15,7 +15,6 @@ and the object collectives and ``pad_across_processes`` pay no extra collective.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import warnings
@@ -26,13 +25,26 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from .checks import (ALIGN, DistributedOperationException, _all_gather_flat, check_device_type,
-                               eager_bytes, exchange_header_eager,
-                               check_same_everywhere, collective_checks, collective_checks_enabled, describe,
-                               exchange_header, full_leaf, gather_leaf, ndim_leaf, set_collective_checks,
-                               signature)
 from ..core.nested import honor_type, is_namedtuple
 from ..core.nested import leaves as _leaves
+from .checks import (
+    ALIGN,
+    DistributedOperationException,
+    _all_gather_flat,
+    check_device_type,
+    check_same_everywhere,
+    collective_checks,
+    collective_checks_enabled,
+    describe,
+    eager_bytes,
+    exchange_header,
+    exchange_header_eager,
+    full_leaf,
+    gather_leaf,
+    ndim_leaf,
+    set_collective_checks,
+    signature,
+)
 from .object_exchange import broadcast_objects_checked, gather_objects_checked
 from .process_view import group_of
 

@@ -11,29 +11,32 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..core.env_aliases import get_setting, setting_is_set
 from .accumulation import GradientAccumulationPlugin
 from .booleans import parse_bool
 from .dynamo import TorchDynamoPlugin
-from ..core.env_aliases import get_setting, setting_is_set
 from .enums import PrecisionType, RNGType
 from .kwargs import KwargsHandler
 from .project import ProjectConfiguration
 from .resolution import resolve
 
-__all__ = ["AcceleratorSettings", "resolve_accelerator_settings", "SPLIT_BATCHES_UNSET"]
+__all__ = ["AcceleratorSettings", "resolve_accelerator_settings", "resolve_mixed_precision", "SPLIT_BATCHES_UNSET"]
 
 SPLIT_BATCHES_UNSET = object()  # the deprecated ``split_batches`` argument was not passed
 
 
 @dataclass
 class AcceleratorSettings:
-    mixed_precision: str
-    cpu: bool
-    gradient_accumulation_plugin: GradientAccumulationPlugin
-    dynamo_plugin: TorchDynamoPlugin
-    dataloader_config: object
-    project_config: ProjectConfiguration
-    rng_types: list
+    """Every setting of a run, resolved once by the Accelerator and handed to the rooms that need them (the
+    strategy reads ``mixed_precision`` and ``handlers`` here, not from the process-wide state)."""
+
+    mixed_precision: str = PrecisionType.NO.value
+    cpu: bool = False
+    gradient_accumulation_plugin: Optional[GradientAccumulationPlugin] = None
+    dynamo_plugin: Optional[TorchDynamoPlugin] = None
+    dataloader_config: object = None
+    project_config: Optional[ProjectConfiguration] = None
+    rng_types: list = field(default_factory=list)
     handlers: dict = field(default_factory=dict)
 
 
@@ -63,6 +66,15 @@ def _launcher_config() -> tuple[dict, Optional[str]]:
     if backend is not None and not setting_is_set("dynamo_backend") and str(backend).upper() != "NO":
         config["dynamo_backend"] = backend
     return config, path
+
+
+def resolve_mixed_precision(value=None, argument_name: str = "mixed_precision=", config: Optional[dict] = None,
+                            config_path: Optional[str] = None) -> str:
+    """``mixed_precision`` by the one precedence rule: argument > launcher environment > config file > ``"no"``."""
+    precision, _ = resolve("mixed_precision", value, argument_name=argument_name, config=config or {},
+                           config_path=config_path, default=PrecisionType.NO.value,
+                           parse=lambda v: PrecisionType.parse(v, "mixed_precision").value)
+    return precision
 
 
 def _positive_int(what: str):
@@ -126,9 +138,7 @@ def resolve_accelerator_settings(*, mixed_precision=None, cpu=False, gradient_ac
     config, config_path = _launcher_config()
     handlers = _handlers_by_type(kwargs_handlers)
 
-    precision, _ = resolve("mixed_precision", mixed_precision, argument_name="Accelerator(mixed_precision=...)",
-                           config=config, config_path=config_path, default=PrecisionType.NO.value,
-                           parse=lambda v: PrecisionType.parse(v, "mixed_precision").value)
+    precision = resolve_mixed_precision(mixed_precision, "Accelerator(mixed_precision=...)", config, config_path)
 
     if gradient_accumulation_plugin is not None:
         if gradient_accumulation_steps != 1:

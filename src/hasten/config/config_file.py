@@ -15,9 +15,9 @@ from typing import Any, Callable, Optional, Union
 
 import yaml
 
+from ..core.env_aliases import get_setting
 from .booleans import ACCEPTED_WORDS, parse_bool
 from .enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType
-from ..core.env_aliases import get_setting
 
 __all__ = ["default_config_file", "default_config_path", "write_basic_config", "load_config_file",
            "normalize_config", "CONFIG_HOME_ENV", "CONFIG_FILE_NAME", "PARALLELISM_KEYS"]

@@ -5,9 +5,9 @@ import copy
 from dataclasses import dataclass
 from typing import Optional
 
+from ..core.env_aliases import get_flag_setting
 from .booleans import parse_bool
 from .enums import DynamoBackend
-from ..core.env_aliases import get_flag_setting
 from .resolution import resolve
 
 __all__ = ["TorchDynamoPlugin"]

@@ -13,7 +13,6 @@ import inspect
 import logging
 import os
 import sys
-from typing import Optional
 
 from .env_aliases import get_flag_setting
 

@@ -8,8 +8,8 @@ MVAPICH).
 from __future__ import annotations
 
 import functools
-import os
 import logging
+import os
 import platform
 import re
 import shutil

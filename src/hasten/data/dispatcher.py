@@ -15,8 +15,14 @@ from typing import Callable, Optional
 import torch
 from torch.utils.data import IterableDataset, IterDataPipe
 
+from ..collectives.operations import (
+    broadcast,
+    broadcast_object_list,
+    get_data_structure,
+    initialize_tensors,
+    send_to_device,
+)
 from ..state import PartialState
-from ..collectives.operations import broadcast, broadcast_object_list, get_data_structure, initialize_tensors, send_to_device
 from .dispatch_plan import SLICE, batch_size_of, plan_step, process_bounds, slice_batch
 from .loader_core import PreparedDataLoader
 from .placement import as_device, on_device

@@ -12,8 +12,8 @@ import os
 from typing import Mapping, Optional
 
 from ..config.booleans import parse_bool
-from ..core.env_aliases import ConfigConflictError, read_setting
 from ..config.env_fields import as_int
+from ..core.env_aliases import ConfigConflictError, read_setting
 from .config import SIZE_FIELDS, ParallelismConfig
 
 __all__ = ["USE_PARALLELISM_CONFIG", "launcher_parallel_sizes", "resolve_parallelism_config"]

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ..config.enums import DistributedType
 from ..collectives.operations import convert_to_fp32
+from ..config.enums import DistributedType
 from .base import Precision
 
 __all__ = ["get_grad_scaler", "get_mixed_precision_context_manager", "MixedPrecision"]

@@ -1,9 +1,9 @@
 """The one place that imports bitsandbytes, lazily: it is an optional extra, and importing it initialises the GPU."""
 from __future__ import annotations
 
-import torch.nn as nn
-
 import sys
+
+import torch.nn as nn
 
 INSTALL_HINT = "pip install 'hasten[bnb]'"
 

@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 from ..checkpointing.checkpoint_io import FullStateCheckpointIO
-from .deepspeed.checkpoint_reader import DeepSpeedCheckpointFormat
 from ..config.enums import DistributedType
 from ..config.kwargs import AutocastKwargs, GradScalerKwargs
 from ..core.modules import extract_model_from_parallel
+from .deepspeed.checkpoint_reader import DeepSpeedCheckpointFormat
 
 
 class Strategy:
@@ -50,9 +50,13 @@ class Strategy:
     #: function (read by its checkpoint IO from ``save_options``); none by default
     save_options_accepted: tuple = ()
 
-    def __init__(self, state, kwargs_handlers: Optional[dict] = None, dims=None):
+    def __init__(self, state, settings=None, dims=None):
+        from ..config.accelerator_settings import AcceleratorSettings
+
         self.state = state
-        self.handlers = kwargs_handlers or {}
+        #: the run's settings, resolved once by the Accelerator (``AcceleratorSettings``): precision, kwargs handlers
+        self.settings = settings if settings is not None else AcceleratorSettings()
+        self.handlers = self.settings.handlers
         self._dims = dims
         self._views = {}  # ProcessViews of the data-parallel (and dp x cp) groups, under model parallelism
         self.precision = self.create_precision()
@@ -62,7 +66,7 @@ class Strategy:
         """The precision this backend trains with, chosen together with it (autocast + fp16 scaler here)."""
         from ..precision import autocast_precision
 
-        return autocast_precision(self.state.mixed_precision, self.state.device,
+        return autocast_precision(self.settings.mixed_precision, self.state.device,
                                   scaler_kwargs=self.handlers.get(GradScalerKwargs),
                                   autocast_kwargs=self.handlers.get(AutocastKwargs))
 

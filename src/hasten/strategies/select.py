@@ -20,12 +20,12 @@ from .single import SingleDeviceStrategy
 __all__ = ["select_strategy", "requested_backend"]
 
 
-def _fsdp(state, kwargs_handlers, dims, plugin=None) -> Strategy:
+def _fsdp(state, settings, dims, plugin=None) -> Strategy:
     """FSDP2 (``strategies/fsdp.py``); without a plugin, one read from the launcher's ``FSDP_*`` environment,
     or a default FSDP2 one when a ParallelismConfig's ``dp_shard_size`` asks for sharding."""
     from ..config.fsdp import FullyShardedDataParallelPlugin
-    from .fsdp.fsdp2 import FSDPStrategy
     from .fsdp.fsdp1 import FSDP1Strategy
+    from .fsdp.fsdp2 import FSDPStrategy
 
     if plugin is None:
         plugin = (FullyShardedDataParallelPlugin(fsdp_version=2) if dims is not None and
@@ -39,13 +39,13 @@ def _fsdp(state, kwargs_handlers, dims, plugin=None) -> Strategy:
         if isinstance(plugin, FullyShardedDataParallelPlugin) and plugin.fsdp_version == 1:
             raise ValueError("Tensor parallelism composes with FSDP2 only: use FullyShardedDataParallelPlugin("
                              "fsdp_version=2) with ParallelismConfig(tp_size=...).")
-        return _tensor_parallel(state, kwargs_handlers, dims, None, fsdp_plugin=plugin)
+        return _tensor_parallel(state, settings, dims, None, fsdp_plugin=plugin)
     if isinstance(plugin, FullyShardedDataParallelPlugin) and plugin.fsdp_version == 1:
-        return FSDP1Strategy(state, kwargs_handlers, dims, plugin)
-    return FSDPStrategy(state, kwargs_handlers, dims, plugin)
+        return FSDP1Strategy(state, settings, dims, plugin)
+    return FSDPStrategy(state, settings, dims, plugin)
 
 
-def _tensor_parallel(state, kwargs_handlers, dims, plugin=None, fsdp_plugin=None) -> Strategy:
+def _tensor_parallel(state, settings, dims, plugin=None, fsdp_plugin=None) -> Strategy:
     """Tensor parallelism on DTensor (``strategies/model_parallel.py``), from a ParallelismConfig's ``tp_size`` or a
     ``TorchTensorParallelPlugin`` (whose tp_size splits the processes into tp groups, the rest data parallel)."""
     from ..parallel import ParallelDims
@@ -60,7 +60,7 @@ def _tensor_parallel(state, kwargs_handlers, dims, plugin=None, fsdp_plugin=None
             raise ValueError(f"torch_tp_plugin has tp_size={plugin.tp_size} and the ParallelismConfig tp_size="
                              f"{dims.tp}: give one of them.")
         if plugin.tp_size == 1 and (dims is None or dims.tp == 1):
-            return _default(state, kwargs_handlers, dims)  # nothing to split
+            return _default(state, settings, dims)  # nothing to split
         if dims is None or dims.tp == 1:
             world = state.num_processes
             if world % plugin.tp_size:
@@ -68,25 +68,25 @@ def _tensor_parallel(state, kwargs_handlers, dims, plugin=None, fsdp_plugin=None
                                  f"{world} processes: launch a multiple of {plugin.tp_size}.")
             dims = ParallelDims(dp_replicate=world // plugin.tp_size, tp=plugin.tp_size, world_size=world)
     config = getattr(dims, "_config", None)
-    return ModelParallelStrategy(state, kwargs_handlers, dims, fsdp_plugin,
+    return ModelParallelStrategy(state, settings, dims, fsdp_plugin,
                                  tp_plan=getattr(getattr(config, "tp_handler", None), "tp_plan", None),
                                  pp_config=getattr(config, "pp_handler", None))
 
 
-def _deepspeed(state, kwargs_handlers, dims, plugin=None) -> Strategy:
+def _deepspeed(state, settings, dims, plugin=None) -> Strategy:
     """DeepSpeed ZeRO (``strategies/deepspeed.py``); without a plugin, one read from the launcher's
     ``HASTEN_DEEPSPEED_*`` environment."""
     from .deepspeed.strategy import DeepSpeedStrategy
 
-    return DeepSpeedStrategy(state, kwargs_handlers, dims, plugin)
+    return DeepSpeedStrategy(state, settings, dims, plugin)
 
 
-def _megatron(state, kwargs_handlers, dims, plugin=None) -> Strategy:
+def _megatron(state, settings, dims, plugin=None) -> Strategy:
     """A ``MegatronLMPlugin`` on the torch-native model-parallel engine (``strategies/megatron.py``); without a
     plugin, one read from the launcher's ``HASTEN_MEGATRON_LM_*`` environment."""
     from .model_parallel.megatron import megatron_strategy
 
-    return megatron_strategy(state, kwargs_handlers, dims, plugin)
+    return megatron_strategy(state, settings, dims, plugin)
 
 
 def _env_selects(switch: str) -> bool:
@@ -151,29 +151,30 @@ def _needed_by_layout(dims) -> Optional[tuple]:
     return wants[0] if wants else None
 
 
-def select_strategy(state, kwargs_handlers=None, dims=None, **plugins) -> Strategy:
+def select_strategy(state, settings=None, dims=None, **plugins) -> Strategy:
     """The strategy for this run, from the plugins given, the launcher's environment and the layout ``dims``
-    (a ``ParallelDims``), else from the process state (one device, or DDP)."""
+    (a ``ParallelDims``), else from the process state (one device, or DDP). ``settings``: the run's
+    ``AcceleratorSettings`` (precision, kwargs handlers), handed to the strategy."""
     asked = requested_backend(plugins)
     if asked is not None:
         backend, how = asked
         if backend.factory is None:
             raise not_yet_supported(f"{backend.label} ({how})", _MEANWHILE)
-        return backend.factory(state, kwargs_handlers, dims, plugins.get(backend.plugin))
+        return backend.factory(state, settings, dims, plugins.get(backend.plugin))
     needed = _needed_by_layout(dims)
     if needed is not None and needed[0].startswith("FSDP"):
-        return _fsdp(state, kwargs_handlers, dims)
+        return _fsdp(state, settings, dims)
     if needed is not None and needed[0] == "tensor parallelism":
-        return _tensor_parallel(state, kwargs_handlers, dims)
+        return _tensor_parallel(state, settings, dims)
     if needed is not None:
         label, sizes = needed
         raise not_yet_supported(f"{label} (ParallelismConfig {sizes})",
                                 "use ParallelismConfig(dp_replicate_size=...) alone (DDP) meanwhile")
-    return _default(state, kwargs_handlers, dims)
+    return _default(state, settings, dims)
 
 
-def _default(state, kwargs_handlers, dims) -> Strategy:
+def _default(state, settings, dims) -> Strategy:
     """One device, or DDP over every process."""
     if state.distributed_type == DistributedType.NO:
-        return SingleDeviceStrategy(state, kwargs_handlers, dims)
-    return DDPStrategy(state, kwargs_handlers, dims)
+        return SingleDeviceStrategy(state, settings, dims)
+    return DDPStrategy(state, settings, dims)

@@ -624,8 +624,8 @@ class MockingTestCase(unittest.TestCase):
 
 def are_the_same_tensors(tensor):
     """Whether ``tensor`` has the same value on every process (a gather; every process must call it)."""
-    from ..state import PartialState
     from ..collectives.operations import gather
+    from ..state import PartialState
 
     state = PartialState()
     local = tensor[None].clone().to(state.device)

@@ -5,6 +5,7 @@ Plugins of backends that are planned but not built yet (DeepSpeed, FSDP, Megatro
 sequence parallelism, fp8 recipes, bitsandbytes) are real, validating configuration objects; using them for
 training raises ``NotYetSupportedError`` (see docs/planned-features.md).
 """
+from ..collectives.operations import TensorInformation
 from ..config.accumulation import GradientAccumulationPlugin
 from ..config.data import DataLoaderConfiguration
 from ..config.deepspeed import DeepSpeedPlugin
@@ -43,6 +44,8 @@ from ..config.megatron import (
     parse_llama_config,
     parse_t5_config,
 )
+from ..config.project import ProjectConfiguration
+from ..config.quantization import BnbQuantizationConfig, CustomDtype
 from ..parallel.config import (
     DeepSpeedSequenceParallelConfig,
     TorchContextParallelConfig,
@@ -50,9 +53,6 @@ from ..parallel.config import (
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
 )
-from ..config.project import ProjectConfiguration
-from ..config.quantization import BnbQuantizationConfig, CustomDtype
-from ..collectives.operations import TensorInformation
 
 __all__ = [
     "KwargsHandler", "EnumWithContains", "BaseEnum", "AutocastKwargs", "DDPCommunicationHookType",

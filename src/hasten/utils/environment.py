@@ -1,13 +1,28 @@
-"""Accelerate's import path ``accelerate.utils.environment``: environment variables, hardware queries and NUMA pinning (``hasten/core/``)."""
+"""Accelerate's import path ``accelerate.utils.environment``: environment variables, hardware queries and NUMA pinning
+(``hasten/core/``).
+"""
 from ..core.env_vars import (  # noqa: F401
-    clear_environment, get_int_from_env, parse_choice_from_env, parse_flag_from_env, patch_environment, str_to_bool,
+    clear_environment,
+    get_int_from_env,
+    parse_choice_from_env,
+    parse_flag_from_env,
+    patch_environment,
+    str_to_bool,
 )
 from ..core.environment import (  # noqa: F401
-    are_libraries_initialized, convert_dict_to_env_variables, is_debug_mode, purge_accelerate_environment,
+    are_libraries_initialized,
+    convert_dict_to_env_variables,
+    is_debug_mode,
+    purge_accelerate_environment,
 )
 from ..core.hardware import (  # noqa: F401
-    check_cuda_fp8_capability, check_cuda_p2p_ib_support, CPUInformation, get_cpu_distributed_information,
-    get_current_device_type, get_driver_version, get_gpu_info,
+    CPUInformation,
+    check_cuda_fp8_capability,
+    check_cuda_p2p_ib_support,
+    get_cpu_distributed_information,
+    get_current_device_type,
+    get_driver_version,
+    get_gpu_info,
 )
 from ..core.lazy import lazy_exports
 

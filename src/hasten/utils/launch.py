@@ -1,8 +1,17 @@
-"""Accelerate's import path ``accelerate.utils.launch``: the launch command and environment (``hasten/commands/launch_helpers.py``)."""
+"""Accelerate's import path ``accelerate.utils.launch``: the launch command and environment
+(``hasten/commands/launch_helpers.py``).
+"""
 from ..commands.launch_helpers import (  # noqa: F401
-    _filter_args, env_var_path_add, prepare_deepspeed_cmd_env, prepare_extend_env_parallelism_config,
-    prepare_multi_gpu_env, prepare_sagemager_args_inputs, prepare_simple_launcher_cmd_env, prepare_tpu,
-    PrepareForLaunch, setup_fp8_env,
+    PrepareForLaunch,
+    _filter_args,
+    env_var_path_add,
+    prepare_deepspeed_cmd_env,
+    prepare_extend_env_parallelism_config,
+    prepare_multi_gpu_env,
+    prepare_sagemager_args_inputs,
+    prepare_simple_launcher_cmd_env,
+    prepare_tpu,
+    setup_fp8_env,
 )
 
 __all__ = [

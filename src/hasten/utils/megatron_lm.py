@@ -2,11 +2,25 @@
 from ..optimizer import AcceleratedOptimizer  # noqa: F401
 from ..scheduler import AcceleratedScheduler  # noqa: F401
 from ..strategies.model_parallel.megatron_engine import (  # noqa: F401
-    AbstractTrainStep, avg_losses_across_data_parallel_group, BertTrainStep, finish_mpu_init,
-    gather_across_data_parallel_groups, GPTTrainStep, initialize, megatron_param_groups, MegatronEngine,
-    MegatronLMDummyDataLoader, MegatronLMDummyScheduler, MegatronLMOptimizerWrapper, MegatronLMSchedulerWrapper,
-    model_provider_func, prepare_data_loader, prepare_model_optimizer_scheduler, prepare_optimizer,
-    prepare_scheduler, T5TrainStep,
+    AbstractTrainStep,
+    BertTrainStep,
+    GPTTrainStep,
+    MegatronEngine,
+    MegatronLMDummyDataLoader,
+    MegatronLMDummyScheduler,
+    MegatronLMOptimizerWrapper,
+    MegatronLMSchedulerWrapper,
+    T5TrainStep,
+    avg_losses_across_data_parallel_group,
+    finish_mpu_init,
+    gather_across_data_parallel_groups,
+    initialize,
+    megatron_param_groups,
+    model_provider_func,
+    prepare_data_loader,
+    prepare_model_optimizer_scheduler,
+    prepare_optimizer,
+    prepare_scheduler,
 )
 
 __all__ = [

@@ -1,6 +1,9 @@
 """Accelerate's import path ``accelerate.utils.memory`` (``hasten/core/memory.py``)."""
 from ..core.memory import (  # noqa: F401
-    clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size,
+    clear_device_cache,
+    find_executable_batch_size,
+    release_memory,
+    should_reduce_batch_size,
 )
 
 __all__ = [

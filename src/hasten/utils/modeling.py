@@ -4,8 +4,12 @@ and, as in Accelerate, the big-model helpers (``hasten/big_modeling/``) and the 
 from ..core.constants import WEIGHTS_INDEX_NAME  # noqa: F401
 from ..core.lazy import build_table, lazy_exports
 from ..core.modules import (  # noqa: F401
-    check_device_same, check_tied_parameters_in_config, extract_model_from_parallel, get_module_children_bottom_up,
-    id_tensor_storage, is_peft_model,
+    check_device_same,
+    check_tied_parameters_in_config,
+    extract_model_from_parallel,
+    get_module_children_bottom_up,
+    id_tensor_storage,
+    is_peft_model,
 )
 
 __getattr__, __dir__ = lazy_exports(__name__, build_table({

@@ -1,13 +1,42 @@
-"""Accelerate's import path ``accelerate.utils.operations``: collectives on nested structures (``hasten/collectives/``)."""
+"""Accelerate's import path ``accelerate.utils.operations``: collectives on nested structures
+(``hasten/collectives/``).
+"""
 from ..collectives.checks import (  # noqa: F401
-    collective_checks, collective_checks_enabled, DistributedOperationException, set_collective_checks,
+    DistributedOperationException,
+    collective_checks,
+    collective_checks_enabled,
+    set_collective_checks,
 )
 from ..collectives.operations import (  # noqa: F401
-    broadcast, broadcast_object_list, CannotPadNestedTensorWarning, chained_operation, concatenate,
-    convert_outputs_to_fp32, convert_to_fp32, ConvertOutputsToFp32, find_batch_size, find_device, gather,
-    gather_object, get_data_structure, get_shape, ignorant_find_batch_size, initialize_tensors,
-    is_tensor_information, is_torch_tensor, is_torch_xpu_tensor, listify, pad_across_processes, recursively_apply,
-    reduce, REDUCTIONS, send_to_device, slice_tensors, TENSOR_INT_TO_DTYPE, TENSOR_TYPE_TO_INT, TensorInformation,
+    REDUCTIONS,
+    TENSOR_INT_TO_DTYPE,
+    TENSOR_TYPE_TO_INT,
+    CannotPadNestedTensorWarning,
+    ConvertOutputsToFp32,
+    TensorInformation,
+    broadcast,
+    broadcast_object_list,
+    chained_operation,
+    concatenate,
+    convert_outputs_to_fp32,
+    convert_to_fp32,
+    find_batch_size,
+    find_device,
+    gather,
+    gather_object,
+    get_data_structure,
+    get_shape,
+    ignorant_find_batch_size,
+    initialize_tensors,
+    is_tensor_information,
+    is_torch_tensor,
+    is_torch_xpu_tensor,
+    listify,
+    pad_across_processes,
+    recursively_apply,
+    reduce,
+    send_to_device,
+    slice_tensors,
     verify_operation,
 )
 from ..collectives.pipeline_io import copy_tensor_to_devices, gather_tensor_shape, pad_input_tensors  # noqa: F401

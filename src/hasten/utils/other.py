@@ -8,14 +8,23 @@ parameters keep their identity (the reference's returns a new module wrapping co
 from ..big_modeling.sizes import convert_bytes  # noqa: F401
 from ..checkpointing.serialization import clean_state_dict_for_safetensors, load, save  # noqa: F401
 from ..compile import (  # noqa: F401
-    compile_regions, compile_regions_deepspeed, compile_regions_fsdp2, has_compiled_regions, has_repeated_blocks,
-    is_compiled_module, is_repeated_blocks,
+    compile_regions,
+    compile_regions_deepspeed,
+    compile_regions_fsdp2,
+    has_compiled_regions,
+    has_repeated_blocks,
+    is_compiled_module,
+    is_repeated_blocks,
 )
 from ..core.hardware import MINIMUM_LINUX_KERNEL, check_os_kernel  # noqa: F401
 from ..core.lazy import lazy_exports
 from ..core.modules import (  # noqa: F401
-    extract_model_from_parallel, get_model_tp_size, get_module_children_bottom_up, id_tensor_storage,
-    model_has_dtensor, recursive_getattr,
+    extract_model_from_parallel,
+    get_model_tp_size,
+    get_module_children_bottom_up,
+    id_tensor_storage,
+    model_has_dtensor,
+    recursive_getattr,
 )
 from ..core.names import get_pretty_name  # noqa: F401
 from ..core.nested import merge_dicts  # noqa: F401

@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Optional
 
 from ...checkpointing import layout
+from ...checkpointing.checkpoint_io import Snapshot, take_snapshot, write_full_state
 from ...checkpointing.errors import IncompleteCheckpointError
 from ...checkpointing.full_state_reader import LoadedState, apply_full_state, read_full_state
-from .checkpoint_reader import check_trusted
-from ...checkpointing.full_state_writer import write_full_state
-from ...checkpointing.snapshot import Snapshot, take_snapshot
 from ...checkpointing.targets import CheckpointTargets
+from .checkpoint_reader import check_trusted
 
 __all__ = ["DeepSpeedCheckpointIO", "engine_tag"]
 
@@ -103,9 +102,13 @@ class DeepSpeedCheckpointIO:
         return EngineLoadedState(rest, loads)
 
     def _read_engine(self, strategy, folder: Path, tag: str, engine, optimizer) -> _EngineLoad:
-        from .checkpoint_reader import (deepspeed_parameter_names, is_deepspeed_checkpoint, read_deepspeed_checkpoint,
-                                       read_deepspeed_layout)
         from ...checkpointing.optimizer_names import by_name, by_position
+        from .checkpoint_reader import (
+            deepspeed_parameter_names,
+            is_deepspeed_checkpoint,
+            read_deepspeed_checkpoint,
+            read_deepspeed_layout,
+        )
 
         path = folder / tag
         if not is_deepspeed_checkpoint(path):

@@ -45,8 +45,8 @@ from ...checkpointing.errors import CorruptCheckpointError, IncompleteCheckpoint
 from ...checkpointing.optimizer_names import by_name
 from ...checkpointing.safe_load import UNSAFE_OPT_IN
 
-__all__ = ["DeepSpeedCheckpointFormat", "check_trusted", "is_deepspeed_checkpoint", "read_deepspeed_layout", "read_deepspeed_checkpoint",
-           "deepspeed_parameter_names"]
+__all__ = ["DeepSpeedCheckpointFormat", "check_trusted", "is_deepspeed_checkpoint", "read_deepspeed_layout",
+           "read_deepspeed_checkpoint", "deepspeed_parameter_names"]
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
 ZERO3_MODEL_FILE = "zero_pp_rank_{rank}_mp_rank_00_model_states.pt"

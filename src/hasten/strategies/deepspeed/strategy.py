@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from ...config.enums import DistributedType
-from ...collectives.operations import convert_to_fp32
 from ...core.imports import require_deepspeed
 from ...precision.engine import EnginePrecision
 from ..base import Strategy
@@ -55,10 +54,12 @@ class DeepSpeedStrategy(Strategy):
     supports_async_save = False
     save_options_accepted = ("exclude_frozen_parameters",)  # engine.save_checkpoint's
 
-    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
+    def __init__(self, state, settings=None, dims=None, plugin=None):
+        from ...config.accelerator_settings import AcceleratorSettings
         from ...config.deepspeed import DeepSpeedPlugin
         from .auto_config import check_plugin_config
 
+        mixed_precision = (settings or AcceleratorSettings()).mixed_precision
         if plugin is None:
             plugin = DeepSpeedPlugin()  # from the launcher's HASTEN_DEEPSPEED_* environment
         plugins = plugin if isinstance(plugin, dict) else {None: plugin}
@@ -68,9 +69,9 @@ class DeepSpeedStrategy(Strategy):
             if not isinstance(value, DeepSpeedPlugin):
                 raise TypeError(f"deepspeed_plugin{'' if name is None else f's[{name!r}]'} must be a DeepSpeedPlugin, "
                                 f"got {type(value).__name__}.")
-            check_plugin_config(value.deepspeed_config, state.device.type, state.mixed_precision,
+            check_plugin_config(value.deepspeed_config, state.device.type, mixed_precision,
                                 what="DeepSpeed config" + ("" if name is None else f" of plugin {name!r}"))
-            value.set_mixed_precision(state.mixed_precision)  # the fp16 / bf16 sections; a contradiction raises
+            value.set_mixed_precision(mixed_precision)  # the fp16 / bf16 sections; a contradiction raises
         if dims is not None and dims.model_parallel:
             raise ValueError("DeepSpeed here shards over data-parallel ranks only: a ParallelismConfig with tensor, "
                              "context or sequence parallelism cannot be combined with a DeepSpeedPlugin.")
@@ -78,7 +79,7 @@ class DeepSpeedStrategy(Strategy):
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         require_deepspeed()
         self.plugins = plugins
-        super().__init__(state, kwargs_handlers, dims)
+        super().__init__(state, settings, dims)
         self._engines: list = []
         self.save_options: dict = {}  # save_state(**save_model_func_kwargs) for the save in progress
         from .checkpoint_io import DeepSpeedCheckpointIO
@@ -87,7 +88,7 @@ class DeepSpeedStrategy(Strategy):
 
     # ------------------------------------------------------------ precision and set-up
     def create_precision(self):
-        return EnginePrecision(self.state.mixed_precision)
+        return EnginePrecision(self.settings.mixed_precision)
 
     def setup(self) -> None:
         deepspeed = require_deepspeed()
@@ -144,8 +145,8 @@ class DeepSpeedStrategy(Strategy):
 
     def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
                          data_loaders=(), schedulers=(), accumulation_steps: int = 1):
-        from .wrappers import DummyOptim, DummyScheduler
         from .auto_config import resolved_config
+        from .wrappers import DummyOptim, DummyScheduler
 
         self.check_prepare(models, optimizers, schedulers)
         if not models:
@@ -159,7 +160,7 @@ class DeepSpeedStrategy(Strategy):
         plugin.set_moe_leaf_modules(model)
         config = resolved_config(plugin, model=model, optimizer=optimizer, scheduler=scheduler, loaders=data_loaders,
                                  accumulation_steps=accumulation_steps, data_parallel_size=self.data_parallel_size,
-                                 mixed_precision=self.state.mixed_precision, device_type=self.state.device.type)
+                                 mixed_precision=self.settings.mixed_precision, device_type=self.state.device.type)
         names = _parameter_names(model, optimizer)
         model = self.precision.wrap_forward(model)
         if compile_model is not None:

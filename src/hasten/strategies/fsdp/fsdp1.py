@@ -123,9 +123,8 @@ class FSDP1Strategy(FSDPStrategy):
         return self.state.device.type == "cpu"
 
     def _full_context(self, model):
-        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig
+        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp import StateDictType
 
         return FSDP.state_dict_type(self._state_dict_module(model), StateDictType.FULL_STATE_DICT,
                                     FullStateDictConfig(offload_to_cpu=False, rank0_only=True),

@@ -17,8 +17,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ...checkpointing.optimizer_names import (by_name, by_position, clean_name, is_local_state, is_shard,
-                                             parameter_names)
+from ...checkpointing.optimizer_names import by_name, by_position, clean_name, is_local_state, is_shard, parameter_names
 from ...config.enums import DistributedType
 from ..base import Strategy
 from .wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
@@ -33,7 +32,7 @@ class FSDPStrategy(Strategy):
     prepares_models_with_optimizers = True
     fsdp_version = 2
 
-    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
+    def __init__(self, state, settings=None, dims=None, plugin=None):
         from ...config.fsdp import FullyShardedDataParallelPlugin
 
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin(fsdp_version=2)
@@ -46,7 +45,7 @@ class FSDPStrategy(Strategy):
             raise ValueError("FSDP shards the model over several processes and this run has 1: launch it with "
                              "`hasten launch -n N train.py` (N >= 2), or remove the FSDP plugin to train on one "
                              "device.")
-        super().__init__(state, kwargs_handlers, _sharded_layout(dims, state.num_processes))
+        super().__init__(state, settings, _sharded_layout(dims, state.num_processes))
         self.checkpoint_io = _checkpoint_io(self.plugin)
         self._optimizer_names: dict = {}  # id(optimizer) -> its parameters' names per group, as prepared
 
@@ -59,7 +58,7 @@ class FSDPStrategy(Strategy):
         from ...config.kwargs import AutocastKwargs, GradScalerKwargs
         from ...precision import autocast_precision
 
-        return autocast_precision(self.state.mixed_precision, self.state.device,
+        return autocast_precision(self.settings.mixed_precision, self.state.device,
                                   scaler_kwargs=self.handlers.get(GradScalerKwargs),
                                   autocast_kwargs=self.handlers.get(AutocastKwargs), scaler_class=ShardedGradScaler)
 

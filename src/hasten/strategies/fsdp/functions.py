@@ -18,11 +18,18 @@ from typing import Callable, Union
 import torch
 
 from ...config.fsdp import get_module_class_from_name
-from ...logging import get_logger
 from ...core.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-from .checkpoint_files import (fsdp2_apply_ac, fsdp2_load_full_state_dict, fsdp2_prepare_model,
-                                    fsdp2_switch_optimizer_parameters, load_fsdp_model, load_fsdp_optimizer,
-                                    save_fsdp_model, save_fsdp_optimizer)
+from ...logging import get_logger
+from .checkpoint_files import (
+    fsdp2_apply_ac,
+    fsdp2_load_full_state_dict,
+    fsdp2_prepare_model,
+    fsdp2_switch_optimizer_parameters,
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
 
 __all__ = [
     "enable_fsdp_ram_efficient_loading", "disable_fsdp_ram_efficient_loading", "save_fsdp_model", "load_fsdp_model",

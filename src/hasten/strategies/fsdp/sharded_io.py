@@ -22,12 +22,11 @@ from typing import Optional
 
 import torch
 
-from ...checkpointing.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+from ...checkpointing.checkpoint_io import take_snapshot, write_full_state
 from ...checkpointing.errors import CheckpointError, IncompleteCheckpointError
 from ...checkpointing.full_state_reader import apply_full_state, read_full_state
-from ...checkpointing.full_state_writer import write_full_state
+from ...checkpointing.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 from ...checkpointing.safe_load import UNSAFE_OPT_IN
-from ...checkpointing.snapshot import take_snapshot
 from ...checkpointing.targets import CheckpointTargets
 
 __all__ = ["ShardedCheckpointIO", "sharded_model_folder", "sharded_optimizer_folder", "empty_like",

@@ -96,6 +96,8 @@ def apply_activation_checkpointing(model: nn.Module, units: list[nn.Module], off
     keep the saved inputs in CPU memory); with no units, the model's direct children are checkpointed."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing as apply,
+    )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         checkpoint_wrapper,
         offload_wrapper,
     )

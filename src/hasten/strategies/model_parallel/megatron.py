@@ -23,9 +23,9 @@ from __future__ import annotations
 from torch import nn
 
 from ...config.enums import DistributedType
+from ..single import SingleDeviceStrategy
 from .megatron_mapping import check_torch_native, megatron_layout
 from .strategy import ModelParallelStrategy
-from ..single import SingleDeviceStrategy
 
 __all__ = ["MegatronLMStrategy", "MegatronLMSingleDeviceStrategy", "megatron_strategy", "transformer_blocks"]
 
@@ -96,7 +96,7 @@ class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
 
     needs_model_parallel_layout = False  # tp_degree = pp_degree = 1 is Megatron's plain data parallelism
 
-    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
+    def __init__(self, state, settings=None, dims=None, plugin=None):
         from ...config.fsdp import FullyShardedDataParallelPlugin
         from ...parallel.config import TorchPipelineParallelConfig
 
@@ -107,7 +107,7 @@ class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
             pp_config = TorchPipelineParallelConfig(num_micro_batches=plugin.num_micro_batches,
                                                     loss_fn=plugin.custom_loss_function)
         self.megatron_plugin = plugin
-        super().__init__(state, kwargs_handlers, layout, FullyShardedDataParallelPlugin(fsdp_version=2),
+        super().__init__(state, settings, layout, FullyShardedDataParallelPlugin(fsdp_version=2),
                          tp_plan=getattr(getattr(config, "tp_handler", None), "tp_plan", None), pp_config=pp_config)
 
     @property
@@ -143,10 +143,10 @@ class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
 class MegatronLMSingleDeviceStrategy(_MegatronOptions, SingleDeviceStrategy):
     """A ``MegatronLMPlugin`` on one process (tp_degree = pp_degree = 1): recomputation and clipping only."""
 
-    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
+    def __init__(self, state, settings=None, dims=None, plugin=None):
         megatron_layout(plugin, 1, dims)  # tp or pp > 1 on one process: the error says how many to launch
         self.megatron_plugin = plugin
-        super().__init__(state, kwargs_handlers, dims)
+        super().__init__(state, settings, dims)
 
     distributed_type = DistributedType.MEGATRON_LM
 
@@ -163,7 +163,7 @@ class MegatronLMSingleDeviceStrategy(_MegatronOptions, SingleDeviceStrategy):
         return self._clip_before_each_step(super().prepare_optimizer(optimizer))
 
 
-def megatron_strategy(state, kwargs_handlers=None, dims=None, plugin=None):
+def megatron_strategy(state, settings=None, dims=None, plugin=None):
     """The strategy for a ``MegatronLMPlugin`` (None: one read from the launcher's environment), after checking
     that the torch-native engine honours every field it sets."""
     from ...config.megatron import MegatronLMPlugin
@@ -173,8 +173,8 @@ def megatron_strategy(state, kwargs_handlers=None, dims=None, plugin=None):
         raise TypeError(f"megatron_lm_plugin must be a MegatronLMPlugin, got {type(plugin).__name__}.")
     check_torch_native(plugin)
     if state.num_processes == 1:
-        return MegatronLMSingleDeviceStrategy(state, kwargs_handlers, dims, plugin)
-    return MegatronLMStrategy(state, kwargs_handlers, dims, plugin)
+        return MegatronLMSingleDeviceStrategy(state, settings, dims, plugin)
+    return MegatronLMStrategy(state, settings, dims, plugin)
 
 
 def _has_sequence_parallel(plan) -> bool:

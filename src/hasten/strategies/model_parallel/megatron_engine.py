@@ -11,10 +11,10 @@ from abc import ABC
 
 import torch
 
+from ...core.planned import not_yet_supported
 from ...optimizer import AcceleratedOptimizer
 from ...scheduler import AcceleratedScheduler
 from .megatron_scheduler import MegatronParamScheduler
-from ...core.planned import not_yet_supported
 
 __all__ = [
     "model_provider_func", "prepare_model_optimizer_scheduler", "MegatronLMDummyDataLoader", "prepare_data_loader",

@@ -30,8 +30,8 @@ import contextlib
 import torch
 
 from ...config.enums import DistributedType
-from .tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan, splits_the_logits
 from ..fsdp.fsdp2 import FSDPStrategy, _repoint
+from .tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan, splits_the_logits
 
 __all__ = ["ModelParallelStrategy"]
 
@@ -41,7 +41,7 @@ class ModelParallelStrategy(FSDPStrategy):
 
     needs_model_parallel_layout = True  # a layout with tp or pp > 1 (a subclass may run data parallelism alone)
 
-    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None, tp_plan=None, pp_config=None):
+    def __init__(self, state, settings=None, dims=None, plugin=None, tp_plan=None, pp_config=None):
         from ...core.planned import not_yet_supported
 
         if self.needs_model_parallel_layout and (dims is None or (dims.tp == 1 and dims.pp == 1)):
@@ -52,7 +52,7 @@ class ModelParallelStrategy(FSDPStrategy):
                                     f"{dims.pp})", "use context parallelism with tensor and data parallelism")
         if dims.dp_replicate > 1 and dims.dp_shard == 1:
             dims.unit_dims = ("dp_shard",)  # DDP x TP: FSDP2 over (dp_replicate, a one-rank dp_shard)
-        super().__init__(state, kwargs_handlers, dims, plugin)
+        super().__init__(state, settings, dims, plugin)
         self.tp_plan = tp_plan
         self.splits_logits = False  # a "loss_parallel" head: the loss runs on logits split over the classes
         if dims.pp > 1:
