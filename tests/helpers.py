@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DISTRIBUTED = ROOT / "tests" / "distributed"
+TESTS = ROOT / "tests"
 _LOCK = Path(os.environ.get("HASTEN_TEST_LOCK", "/tmp/hasten-multiprocess-tests.lock"))
 
 
@@ -34,18 +34,26 @@ def clean_env(**extra) -> dict:
     return env
 
 
+def script_path(name: str) -> Path:
+    """The launched script called ``name``: scripts live beside the tests that launch them (tests/<room>/)."""
+    found = sorted(TESTS.rglob(name))
+    if len(found) != 1:
+        raise FileNotFoundError(f"{len(found)} scripts called {name} under {TESTS}: {found}")
+    return found[0]
+
+
 def run_launch(script, *script_args, num_processes: int | None = 2, launch_args=(), timeout: float = 240,
                env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """Run ``hasten launch [-n N] [launch_args] script [script_args]`` and return the finished process.
 
-    ``script`` is a path or a file name under tests/distributed/ (a module name when ``-m`` is among
-    ``launch_args``). ``num_processes=None`` leaves ``-n`` out (e.g. a config file decides). With ``check`` a
+    ``script`` is a path or the file name of a script beside the tests that launch it, anywhere under tests/
+    (``script_path``; a module name when ``-m`` is among ``launch_args``). ``num_processes=None`` leaves ``-n`` out (e.g. a config file decides). With ``check`` a
     non-zero exit fails the test and shows the job's output.
     """
     target = str(script)
     is_module = "-m" in launch_args or "--module" in launch_args
     if not is_module and not Path(target).is_absolute() and not Path(target).exists():
-        target = str(DISTRIBUTED / target)
+        target = str(script_path(target))
     layout = ["-n", str(num_processes)] if num_processes is not None else []
     command = [sys.executable, "-m", "hasten", "launch", *layout, *launch_args, target, *map(str, script_args)]
     with _one_multiprocess_job_at_a_time():

@@ -276,3 +276,66 @@ def test_faces_only_re_export():
             if not _face_statement_is_a_re_export(node):
                 found.append(f"{path.relative_to(SOURCE_ROOT)}:{node.lineno} {ast.unparse(node).splitlines()[0][:80]}")
     assert not found, "Logic in face modules (move it to the room it belongs to): " + "; ".join(found)
+
+
+# ----------------------------------------------------------------------------- backend branches
+# Rooms that may name backends: the strategies themselves, and the command line, whose flags and questions do.
+BRANCHING_ROOMS = ("strategies", "commands", "utils")
+# Process kinds, not backends: which launcher started the processes and on what device.
+PROCESS_KINDS = {"NO", "XLA"}
+# The few branches elsewhere, each because Accelerate's API names the backend there (the comment beside it says so).
+ALLOWED_BRANCHES = {
+    ("precision/autocast.py", "get_grad_scaler"),  # get_grad_scaler(distributed_type=...): FSDP's sharded scaler
+    ("state.py", "is_fsdp2"),  # AcceleratorState.is_fsdp2: read-only view of what the strategy set
+    ("state.py", "deepspeed_plugin"),  # AcceleratorState.deepspeed_plugin: likewise
+}
+
+
+def backend_branches(root: Path = SOURCE_ROOT / PACKAGE) -> list:
+    """``(file, enclosing function, line)`` of every backend test outside the rooms that may name backends: a
+    ``DistributedType.<BACKEND>`` (not a process kind), an ``isinstance(..., <...>Strategy)`` or a ``_is_deepspeed``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if relative.parts[0] in BRANCHING_ROOMS or relative.as_posix() == "config/enums.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for function in [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            name = getattr(function, "name", "<module>")
+            body = function.body if function is not tree else [n for n in tree.body
+                                                                if not isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+            for node in (inner for statement in body for inner in ast.walk(statement)):
+                branch = None
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                        node.value.id == "DistributedType" and node.attr.isupper() and \
+                        node.attr not in PROCESS_KINDS and not node.attr.startswith("MULTI_"):
+                    branch = f"DistributedType.{node.attr}"
+                elif isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance" and len(node.args) == 2 \
+                        and "Strategy" in ast.unparse(node.args[1]):
+                    branch = ast.unparse(node)
+                elif isinstance(node, ast.Name) and "_is_deepspeed" in node.id:
+                    branch = node.id
+                if branch is not None:
+                    found.append((relative.as_posix(), name, node.lineno, branch))
+    return found
+
+
+def test_the_branch_scan_finds_each_form(tmp_path):
+    _write(tmp_path, {"pkg/mod.py": (
+        "from x import DistributedType\n"
+        "def a(state):\n    return state.distributed_type == DistributedType.FSDP\n"
+        "def b(strategy):\n    return isinstance(strategy, FSDP2Strategy)\n"
+        "def c(path):\n    return _is_deepspeed(path)\n"
+        "def d(state):\n    return state.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU)\n")})
+    found = backend_branches(tmp_path / "pkg")
+    assert [(name, branch) for _, name, _, branch in found] == [
+        ("a", "DistributedType.FSDP"), ("b", "isinstance(strategy, FSDP2Strategy)"), ("c", "_is_deepspeed")]
+
+
+def test_backend_branches_live_in_the_strategies():
+    found = [entry for entry in backend_branches() if entry[:2] not in ALLOWED_BRANCHES]
+    assert not found, ("Backend branches outside strategies/ (ask the strategy instead, or add a row to "
+                       "ALLOWED_BRANCHES with the reason): " + "; ".join(f"{f}:{line} {name}: {b}"
+                                                                         for f, name, line, b in found))
+    allowed_present = {entry[:2] for entry in backend_branches()}
+    assert ALLOWED_BRANCHES <= allowed_present, f"ALLOWED_BRANCHES lists gone branches: {ALLOWED_BRANCHES - allowed_present}"

@@ -460,11 +460,13 @@ class AcceleratorState:
     @property
     def is_fsdp2(self) -> bool:
         """Whether the model is sharded with FSDP2 (``fully_shard``)."""
+        # a read-only view Accelerate's users ask for: the strategy set distributed_type and fsdp_plugin (setup)
         return self.distributed_type == DistributedType.FSDP and getattr(self.fsdp_plugin, "fsdp_version", 1) == 2
 
     @property
     def deepspeed_plugin(self):
         """The active ``DeepSpeedPlugin``; None when DeepSpeed is not in use."""
+        # a read-only view Accelerate's users ask for: the plugins count only when the DeepSpeed strategy trains
         if self.distributed_type != DistributedType.DEEPSPEED or self.deepspeed_plugins is None:
             return None
         plugins = self.deepspeed_plugins

@@ -1,8 +1,9 @@
-"""``hasten launch`` flags of backends that are planned but not built yet: TPU, DeepSpeed, FSDP, Megatron-LM, ...
+"""``hasten launch`` flags grouped by backend: DeepSpeed, FSDP and Megatron-LM are ``ready``; TPU, the fp8 recipe
+options, SageMaker and MPI are not.
 
 Each group is one backend. ``hasten launch`` accepts every one of Accelerate's flags, so a migrated command
 line parses; a flag of a group that is not ``ready`` ends the launch with ``NotYetSupportedError`` before
-anything starts. When a backend lands, its group is marked ``ready`` and the flags given reach the script as
+anything starts. The flags of a ``ready`` group reach the script as
 the variables its plugin reads: the switch as ``HASTEN_USE_<BACKEND>=true``, each option as
 ``HASTEN_<PREFIX><OPTION>`` (``--fsdp_version 2`` -> ``HASTEN_FSDP_VERSION=2``). A group whose options need
 more than that (DeepSpeed: checks, settings named differently, its own multi-node runner) is ``own_env``: its

@@ -1,9 +1,10 @@
-"""FP8 training recipes (TransformerEngine, MS-AMP, torchao): planned, not built yet.
+"""FP8 training recipes (TransformerEngine, MS-AMP, torchao) as Accelerate's kwargs handlers.
 
-The recipe objects are real and validate their options, so scripts that build them keep working; training in
-fp8 with them raises ``NotYetSupportedError``. Unset fields come from the launcher's environment
-(``HASTEN_FP8_<OPTION>``, or Accelerate's ``ACCELERATE_FP8_<OPTION>``), then the defaults below. Nothing
-here imports transformer_engine, msamp or torchao.
+The recipe objects are real and validate their options, so scripts that build them keep working.
+``mixed_precision="fp8"`` trains through torchao with its default conversion (``precision/fp8.py``); the recipes'
+own options are not applied yet, and TransformerEngine / MS-AMP are not run. Unset fields come from the launcher's
+environment (``HASTEN_FP8_<OPTION>``, or Accelerate's ``ACCELERATE_FP8_<OPTION>``), then the defaults below.
+Nothing here imports transformer_engine, msamp or torchao.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""``FullyShardedDataParallelPlugin``: the options of FSDP (v1 and v2). Training with it is planned, not built yet.
+"""``FullyShardedDataParallelPlugin``: the options of FSDP (v1 and v2), trained by ``strategies/fsdp/``.
 
 The plugin is a real configuration object: it resolves unset fields from the launcher's environment
 (``HASTEN_FSDP_<OPTION>``, or ``ACCELERATE_FSDP_<OPTION>``), validates every choice, and turns strings into the
 ``torch.distributed.fsdp`` objects (``ShardingStrategy``, ``CPUOffload`` / ``CPUOffloadPolicy``,
 ``MixedPrecision`` / ``MixedPrecisionPolicy``, ``StateDictType`` and its configs) exactly as Accelerate does.
-Giving it to ``Accelerator(fsdp_plugin=...)`` raises ``NotYetSupportedError`` until the FSDP strategy lands.
+``Accelerator(fsdp_plugin=...)`` (or the launcher's ``HASTEN_USE_FSDP``) trains with the FSDP2 or FSDP1 strategy.
 """
 from __future__ import annotations
 

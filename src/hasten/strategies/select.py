@@ -25,7 +25,7 @@ def _fsdp(state, settings, dims, plugin=None) -> Strategy:
     or a default FSDP2 one when a ParallelismConfig's ``dp_shard_size`` asks for sharding."""
     from ..config.fsdp import FullyShardedDataParallelPlugin
     from .fsdp.fsdp1 import FSDP1Strategy
-    from .fsdp.fsdp2 import FSDPStrategy
+    from .fsdp.fsdp2 import FSDP2Strategy
 
     if plugin is None:
         plugin = (FullyShardedDataParallelPlugin(fsdp_version=2) if dims is not None and
@@ -42,7 +42,7 @@ def _fsdp(state, settings, dims, plugin=None) -> Strategy:
         return _tensor_parallel(state, settings, dims, None, fsdp_plugin=plugin)
     if isinstance(plugin, FullyShardedDataParallelPlugin) and plugin.fsdp_version == 1:
         return FSDP1Strategy(state, settings, dims, plugin)
-    return FSDPStrategy(state, settings, dims, plugin)
+    return FSDP2Strategy(state, settings, dims, plugin)
 
 
 def _tensor_parallel(state, settings, dims, plugin=None, fsdp_plugin=None) -> Strategy:
@@ -100,7 +100,7 @@ class _Backend:
     label: str
     plugin: str  # the Accelerator argument that selects it
     env_switch: Optional[str]  # the launcher's HASTEN_<SWITCH> (config file distributed_type); None: no switch
-    factory: Optional[Callable[..., Strategy]] = None  # (state, handlers, dims, plugin) -> Strategy; None: not built
+    factory: Callable[..., Strategy]  # (state, settings, dims, plugin) -> Strategy
 
 
 _BACKENDS = (
@@ -109,9 +109,6 @@ _BACKENDS = (
     _Backend("Megatron-LM", "megatron_lm_plugin", "use_megatron_lm", _megatron),
     _Backend("tensor parallelism", "torch_tp_plugin", None, _tensor_parallel),
 )
-
-_MEANWHILE = "remove it to train with DDP (several processes) or on a single device"
-
 
 def requested_backend(plugins: dict) -> Optional[tuple]:
     """``(backend, how it was asked for)`` for the first backend a plugin argument or the launcher's environment
@@ -157,9 +154,7 @@ def select_strategy(state, settings=None, dims=None, **plugins) -> Strategy:
     ``AcceleratorSettings`` (precision, kwargs handlers), handed to the strategy."""
     asked = requested_backend(plugins)
     if asked is not None:
-        backend, how = asked
-        if backend.factory is None:
-            raise not_yet_supported(f"{backend.label} ({how})", _MEANWHILE)
+        backend, _ = asked
         return backend.factory(state, settings, dims, plugins.get(backend.plugin))
     needed = _needed_by_layout(dims)
     if needed is not None and needed[0].startswith("FSDP"):

@@ -1,9 +1,9 @@
 """Accelerate's ``accelerate.utils.dataclasses`` import path: every name, re-exported from where it lives.
 
-The enums and dataclasses live in ``hasten.config`` (one module per family); this module only gathers them.
-Plugins of backends that are planned but not built yet (DeepSpeed, FSDP, Megatron-LM, tensor / context /
-sequence parallelism, fp8 recipes, bitsandbytes) are real, validating configuration objects; using them for
-training raises ``NotYetSupportedError`` (see docs/planned-features.md).
+The enums and dataclasses live in ``hasten.config`` (one module per family) and ``hasten.parallel.config`` (the
+N-D parallelism sizes and handlers); this module only gathers them. What is still planned (TransformerEngine and
+MS-AMP fp8 recipes, DeepSpeed sequence parallelism) raises ``NotYetSupportedError`` when trained with (see
+docs/planned-features.md).
 """
 from ..collectives.operations import TensorInformation
 from ..config.accumulation import GradientAccumulationPlugin

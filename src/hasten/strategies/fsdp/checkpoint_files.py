@@ -30,10 +30,10 @@ _MODEL = "pytorch_model_fsdp"
 
 
 def _strategy(accelerator, what: str):
-    from .fsdp2 import FSDPStrategy
+    from .fsdp2 import FSDP2Strategy
 
     strategy = accelerator.strategy
-    if not isinstance(strategy, FSDPStrategy):
+    if not isinstance(strategy, FSDP2Strategy):
         raise ValueError(f"{what} works on models prepared with FSDP (Accelerator(fsdp_plugin=...)); this run uses "
                          f"{type(strategy).__name__}. Use accelerator.save_state / load_state instead.")
     return strategy

@@ -12,13 +12,13 @@ import contextlib
 
 from torch import nn
 
-from .fsdp2 import FSDPStrategy
+from .fsdp2 import FSDP2Strategy
 from .wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
 
 __all__ = ["FSDP1Strategy"]
 
 
-class FSDP1Strategy(FSDPStrategy):
+class FSDP1Strategy(FSDP2Strategy):
     """Wraps every prepared model in ``FullyShardedDataParallel`` over the data-parallel shard group."""
 
     fsdp_version = 1

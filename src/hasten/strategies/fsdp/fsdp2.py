@@ -22,10 +22,10 @@ from ...config.enums import DistributedType
 from ..base import Strategy
 from .wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
 
-__all__ = ["FSDPStrategy"]
+__all__ = ["FSDP2Strategy"]
 
 
-class FSDPStrategy(Strategy):
+class FSDP2Strategy(Strategy):
     """Shards every prepared model with ``fully_shard`` over the data-parallel shard mesh."""
 
     distributed_type = DistributedType.FSDP

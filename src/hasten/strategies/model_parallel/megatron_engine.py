@@ -1,4 +1,7 @@
-"""Accelerate's ``accelerate.utils.megatron_lm`` names. Megatron-LM training is planned, not built yet.
+"""Accelerate's ``accelerate.utils.megatron_lm`` names: megatron-core's own engine, which hasten does not run.
+
+``MegatronLMPlugin`` trains on hasten's torch-native engine (``megatron.py``); these are the names of
+megatron-core's GPU engine, kept so that scripts importing them load.
 
 ``MegatronLMDummyScheduler`` is a working scheduler with Megatron's lr / weight-decay schedules on any torch optimizer
 (``megatron_scheduler.py``; ``megatron_param_groups`` builds Megatron-style param groups). The placeholder

@@ -30,13 +30,13 @@ import contextlib
 import torch
 
 from ...config.enums import DistributedType
-from ..fsdp.fsdp2 import FSDPStrategy, _repoint
+from ..fsdp.fsdp2 import FSDP2Strategy, _repoint
 from .tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan, splits_the_logits
 
 __all__ = ["ModelParallelStrategy"]
 
 
-class ModelParallelStrategy(FSDPStrategy):
+class ModelParallelStrategy(FSDP2Strategy):
     """Splits each model over the ``tp`` dimension, then shards or replicates it over the data-parallel ones."""
 
     needs_model_parallel_layout = True  # a layout with tp or pp > 1 (a subclass may run data parallelism alone)

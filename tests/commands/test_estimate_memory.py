@@ -1,0 +1,172 @@
+"""`hasten estimate-memory`: the parser, the figures (checked against shapes) and the errors."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+
+import pytest
+import torch.nn as nn
+
+from hasten.commands import estimate
+from hasten.commands.errors import CommandError
+
+MODEL_SOURCE = '''
+import torch
+import torch.nn as nn
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+class Net(nn.Module):
+    _no_split_modules = ["Block"]
+
+    def __init__(self, d=8, layers=2, vocab=100):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList([Block(d) for _ in range(layers)])
+        self.register_buffer("positions", torch.arange(16))
+
+def make(d=8):
+    return Net(d=d, layers=1)
+
+def not_a_model():
+    return 3
+'''
+
+
+def _parse(*argv):
+    parser = argparse.ArgumentParser()
+    estimate.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["estimate-memory", *argv])
+
+
+@pytest.fixture
+def model_file(tmp_path, monkeypatch):
+    path = tmp_path / "netdef.py"
+    path.write_text(MODEL_SOURCE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return path
+
+
+def _run_json(capsys, *argv):
+    assert estimate.run(_parse(*argv, "--json")) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _expected_sizes(d, layers, vocab):
+    block = (d * 4 * d + 4 * d) + (4 * d * d + d)
+    params = vocab * d + layers * block
+    return params, block, vocab * d
+
+
+def test_figures_follow_from_the_shapes(model_file, capsys):
+    report = _run_json(capsys, f"{model_file}:Net", "--arg", "d=16", "-a", "layers=3")
+    params, block, embed = _expected_sizes(16, 3, 100)
+    assert report["parameters"] == params
+    rows = {row["dtype"]: row for row in report["rows"]}
+    assert list(rows) == ["float32", "float16", "int8", "int4"]
+    buffer_bytes = 16 * 8  # int64 positions keep their size in every row
+    assert rows["float32"]["total_size"] == params * 4 + buffer_bytes
+    assert rows["float16"]["total_size"] == params * 2 + buffer_bytes
+    # int8 / int4: what load_and_quantize_model allocates; Net's last child ("blocks") counts as its output head,
+    # so it stays unquantized, in float16 (tests/quantization/test_quantization_memory.py checks a model with a head)
+    assert rows["int8"]["total_size"] == rows["int4"]["total_size"] == params * 2 + buffer_bytes
+    # the largest layer counts whole Blocks (the model's _no_split_modules) against the embedding
+    assert rows["float32"]["largest_layer"] == max(block, embed) * 4
+    assert rows["float32"]["training_adam"] == params * 16
+    assert rows["float16"]["training_adam"] == params * 16  # mixed precision keeps fp32 weights and moments
+    assert rows["int8"]["training_adam"] is None
+
+
+def test_module_path_kwargs_json_and_factories(model_file, capsys):
+    report = _run_json(capsys, "netdef:Net", "--kwargs", '{"d": 4, "vocab": 10}', "--dtypes", "bfloat16")
+    params, _, _ = _expected_sizes(4, 2, 10)
+    assert report["rows"][0]["dtype"] == "bfloat16" and report["rows"][0]["total_size"] == params * 2 + 128
+    report = _run_json(capsys, "netdef:make", "--no-split", "Linear")
+    assert report["parameters"] == _expected_sizes(8, 1, 100)[0]
+
+
+def test_local_config_file(model_file, tmp_path, capsys):
+    config = tmp_path / "model.json"
+    config.write_text(json.dumps({"model": "netdef:Net", "kwargs": {"d": 4, "layers": 1, "vocab": 10}}))
+    report = _run_json(capsys, str(config), "-a", "layers=2", "--trust_remote_code")  # command-line arguments win
+    assert report["parameters"] == _expected_sizes(4, 2, 10)[0]
+
+
+def test_table_output(model_file, capsys):
+    assert estimate.run(_parse("netdef:Net")) == 0
+    out = capsys.readouterr().out
+    assert "Largest layer" in out and "Training with Adam" in out and "float32" in out and "N/A" in out
+
+
+def test_transformers_configs_are_built_on_meta(tmp_path, monkeypatch, capsys):
+    """A Transformers config.json, with a stand-in `transformers` module (no download, no real install needed)."""
+    fake = types.ModuleType("transformers")
+
+    class AutoConfig:
+        @staticmethod
+        def from_pretrained(folder, local_files_only, **kwargs):
+            assert local_files_only
+            return types.SimpleNamespace(hidden=kwargs.get("hidden", 6))
+
+    class TinyForCausalLM(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.proj = nn.Linear(config.hidden, config.hidden)
+
+        @classmethod
+        def _from_config(cls, config):
+            return cls(config)
+
+    fake.AutoConfig, fake.TinyForCausalLM = AutoConfig, TinyForCausalLM
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    monkeypatch.setattr("hasten.core.imports.require_extra", lambda module, feature=None: fake)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["TinyForCausalLM"], "model_type": "tiny"}))
+    report = _run_json(capsys, str(tmp_path))
+    assert report["parameters"] == 6 * 6 + 6
+
+
+def test_transformers_config_without_transformers_names_the_package(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    from hasten.core import imports
+
+    monkeypatch.setattr(imports, "_found", lambda module: False)
+    with pytest.raises(CommandError, match="pip install transformers"):
+        estimate.run(_parse(str(tmp_path)))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["no_colon_here"], "neither an existing config path"),
+    (["missing_module_xyz:Net"], "Cannot import"),
+    (["netdef:Nope"], "no attribute 'Nope'"),
+    (["netdef:not_a_model"], "not a torch.nn.Module"),
+    (["netdef:Net", "--kwargs", "{bad"], "not valid JSON"),
+    (["netdef:Net", "--kwargs", "[1]"], "JSON object"),
+    (["netdef:Net", "--arg", "novalue"], "NAME=VALUE"),
+    (["netdef:Net", "--arg", "wrong=1"], "failed"),
+    (["nothere.py:Net"], "does not exist"),
+])
+def test_bad_input_is_explained(model_file, argv, message):
+    with pytest.raises(CommandError, match=message):
+        estimate.run(_parse(*argv))
+
+
+def test_human_sizes():
+    assert estimate.human_bytes(512) == "512 B"
+    assert estimate.human_bytes(1536) == "1.50 KiB"
+    assert estimate.human_bytes(3 * 2**30) == "3.00 GiB"
+    assert estimate.human_bytes(None) == "N/A"
+
+
+def test_cli_entry_point(model_file, capsys):
+    cli = pytest.importorskip("hasten.commands.cli")
+    assert cli.main(["estimate-memory", "netdef:Net", "--json", "--dtypes", "float32"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["dtype"] == "float32"
+    assert cli.main(["estimate-memory", "nope"]) == 2

@@ -1,0 +1,235 @@
+"""DeepSpeed (strategies/deepspeed.py): the multi-process checks of tests/strategies/deepspeed/check_deepspeed.py, the
+"auto" filling table, and the choices refused before any engine or process group exists. Training numbers for
+every ZeRO stage, and checkpoints across strategies, are the conformance suite's (test_strategy_conformance.py)."""
+import importlib.util
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from hasten import Accelerator, DeepSpeedPlugin
+from hasten.strategies.deepspeed.auto_config import check_plugin_config, hidden_size_of, micro_batch_size, resolved_config
+from hasten.utils import DummyOptim, DummyScheduler
+
+from helpers import clean_env, run_launch
+
+# deepspeed is imported inside the tests only (importing it sets variables: conftest puts them back)
+pytestmark = [pytest.mark.deepspeed, pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                                         reason="needs the deepspeed extra (make test installs it)")]
+
+
+def test_deepspeed_on_two_processes_auto_values_boundary_resume_two_plugins_and_zero3_save_model(tmp_path):
+    result = run_launch("check_deepspeed.py", tmp_path, num_processes=2, timeout=600)
+    assert "DEEPSPEED CHECKS PASSED" in result.stdout, result.stdout
+
+
+def test_a_config_file_selecting_deepspeed_trains_one_process_with_it(tmp_path):
+    config = tmp_path / "ds.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\nnum_processes: 1\n"
+                      "use_cpu: true\ndeepspeed_config:\n  zero_stage: 1\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom hasten import Accelerator\n"
+        "accelerator = Accelerator()\nmodel = torch.nn.Linear(4, 1)\n"
+        "model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), "
+        "DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2))\n"
+        "for x, y in loader:\n    accelerator.backward(((model(x) - y) ** 2).mean())\n    optimizer.step()\n"
+        "print('TRAINED WITH', type(accelerator.strategy).__name__, model.zero_optimization_stage())\n")
+    result = run_launch(script, num_processes=None, launch_args=["--config_file", str(config)])
+    assert "TRAINED WITH DeepSpeedStrategy 1" in result.stdout, result.stdout + result.stderr
+
+
+def test_one_process_without_a_launcher_trains_with_deepspeed(tmp_path):
+    script = tmp_path / "alone.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from hasten import Accelerator, DeepSpeedPlugin\n"
+        "accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "model, optimizer, loader = accelerator.prepare(model, torch.optim.AdamW(model.parameters()), "
+        "DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2))\n"
+        "for x, y in loader:\n    accelerator.backward(((model(x) - y) ** 2).mean())\n    optimizer.step()\n"
+        "accelerator.save_state('ckpt')\nprint('ALONE', model.zero_optimization_stage(), accelerator.num_processes)\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=clean_env(),
+                            cwd=tmp_path, timeout=240)
+    assert "ALONE 3 1" in result.stdout, result.stdout + result.stderr
+    assert (tmp_path / "ckpt" / "pytorch_model").is_dir()
+
+
+# ------------------------------------------------------------------------------------------ the "auto" table
+class WithConfig(nn.Module):
+    def __init__(self, **config):
+        super().__init__()
+        self.config = SimpleNamespace(**config)
+        self.layer = nn.Linear(2, 2)
+
+
+def _loader(batch_size: int, processes: int = 2):
+    return SimpleNamespace(total_batch_size=batch_size * processes)
+
+
+def _auto_plugin(**extra) -> DeepSpeedPlugin:
+    config = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+              "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+              "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+              "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                                    "stage3_param_persistence_threshold": "auto"}}
+    config.update(extra)
+    return DeepSpeedPlugin(hf_ds_config=config)
+
+
+def test_every_auto_value_is_filled_from_the_run_as_the_documented_table_says():
+    model = WithConfig(hidden_size=64)
+    params = list(model.parameters())
+    optimizer, scheduler = DummyOptim(params, lr=3e-4, weight_decay=0.1), None
+    plugin = _auto_plugin(optimizer={"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}})
+    config = resolved_config(plugin, model=model, optimizer=optimizer, scheduler=scheduler,
+                             loaders=[_loader(8), _loader(4)], accumulation_steps=3, data_parallel_size=2,
+                             mixed_precision="bf16")
+    assert config["train_micro_batch_size_per_gpu"] == 4  # the smallest loader: is_train_batch_min
+    assert config["gradient_accumulation_steps"] == 3 and config["train_batch_size"] == 4 * 3 * 2
+    assert config["gradient_clipping"] == 1.0
+    assert config["bf16"]["enabled"] is True and config["fp16"]["enabled"] is False
+    zero = config["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 64 * 64 and zero["stage3_prefetch_bucket_size"] == int(0.9 * 64 * 64)
+    assert zero["stage3_param_persistence_threshold"] == 640
+    assert config["optimizer"]["params"] == {"lr": 3e-4, "weight_decay": 0.1}
+    assert plugin.deepspeed_config["train_batch_size"] == "auto"  # the plugin's own config is left as given
+
+
+def test_the_largest_loader_decides_with_is_train_batch_min_false_and_hidden_sizes_lists_count():
+    plugin = _auto_plugin()
+    plugin.is_train_batch_min = False
+    model = WithConfig(hidden_sizes=[8, 32, 16])
+    assert hidden_size_of(model) == 32 and hidden_size_of(nn.Linear(1, 1)) is None
+    config = resolved_config(plugin, model=model, loaders=[_loader(8), _loader(4)], data_parallel_size=2)
+    assert config["train_micro_batch_size_per_gpu"] == 8
+    assert config["zero_optimization"]["reduce_bucket_size"] == 32 * 32
+    assert micro_batch_size([], 2, True) is None
+
+
+def test_a_model_without_a_hidden_size_leaves_those_values_to_deepspeed():
+    config = resolved_config(_auto_plugin(), model=nn.Linear(2, 2), loaders=[_loader(2)], data_parallel_size=2)
+    zero = config["zero_optimization"]
+    assert not {"reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"} & set(zero)
+
+
+def test_the_plugins_gradient_clipping_and_dummy_scheduler_fill_their_auto_values():
+    plugin = _auto_plugin(scheduler={"type": "WarmupDecayLR", "params": {
+        "warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}})
+    plugin.gradient_clipping = 0.3
+    optimizer = DummyOptim([torch.zeros(1)], lr=0.05)
+    config = resolved_config(plugin, model=nn.Linear(1, 1), optimizer=optimizer,
+                             scheduler=DummyScheduler(optimizer, total_num_steps=100, warmup_num_steps=10),
+                             loaders=[_loader(2)], data_parallel_size=2)
+    assert config["gradient_clipping"] == 0.3
+    assert config["scheduler"]["params"] == {"warmup_min_lr": 0, "warmup_max_lr": 0.05, "warmup_num_steps": 10,
+                                             "total_num_steps": 100}
+
+
+def test_config_values_that_contradict_the_run_are_all_named_with_both_sides():
+    plugin = _auto_plugin(train_micro_batch_size_per_gpu=16, gradient_accumulation_steps=5)
+    with pytest.raises(ValueError) as caught:
+        resolved_config(plugin, model=nn.Linear(1, 1), loaders=[_loader(4)], accumulation_steps=2,
+                        data_parallel_size=2)
+    message = str(caught.value)
+    assert "train_micro_batch_size_per_gpu=16" in message and "4" in message
+    assert "gradient_accumulation_steps=5" in message and "Accelerator(gradient_accumulation_steps=...)" in message
+
+
+def test_batch_sizes_that_do_not_multiply_out_are_refused():
+    plugin = _auto_plugin(train_batch_size=30, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2)
+    with pytest.raises(ValueError, match=r"train_batch_size=30.*micro batch 4 x accumulation 2 x 2"):
+        resolved_config(plugin, model=nn.Linear(1, 1), loaders=[], accumulation_steps=2, data_parallel_size=2)
+
+
+def test_an_auto_micro_batch_without_any_prepared_loader_says_how_to_fix_it():
+    with pytest.raises(ValueError, match="same prepare\\(\\) call"):
+        resolved_config(_auto_plugin(), model=nn.Linear(1, 1), optimizer=object(), loaders=[], data_parallel_size=2)
+
+
+# ------------------------------------------------------------------------------------------ refused up front
+@pytest.mark.parametrize("config, message", [
+    ({"zero_optimization": {"stage": 4}}, "not a ZeRO stage"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "nvme_path"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}}, "none, cpu or nvme"),
+    ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, "offload_param needs ZeRO stage 3"),
+    ({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}, "stage 1, 2 or 3"),
+    ({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}, "fp16 on the CPU"),
+])
+def test_configs_no_engine_can_run_are_refused_with_the_reason(config, message):
+    with pytest.raises(ValueError, match=message):
+        check_plugin_config(config, "cpu", "no")
+
+
+def test_the_plugin_refuses_an_unknown_stage_and_nvme_without_a_path(clean_env_vars):
+    with pytest.raises(ValueError, match="zero_stage"):
+        DeepSpeedPlugin(zero_stage=5)
+    with pytest.raises(ValueError, match="nvme_path"):
+        Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, offload_param_device="nvme"))
+
+
+def test_fp16_on_the_cpu_is_refused_before_any_process_group(clean_env_vars):
+    with pytest.raises(ValueError, match="mixed_precision='bf16'"):
+        Accelerator(cpu=True, mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+    assert not torch.distributed.is_initialized()
+
+
+def test_zero3_init_is_for_stage_3_only(clean_env_vars):
+    with pytest.raises(ValueError, match="zero_stage=3"):
+        DeepSpeedPlugin(zero_stage=2).zero3_init()
+
+
+def test_moe_leaf_module_names_the_model_does_not_have_are_listed(clean_env_vars):
+    plugin = DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="MixtralSparseMoeBlock")
+    with pytest.raises(ValueError, match=r"MixtralSparseMoeBlock.*Linear"):
+        plugin.set_moe_leaf_modules(nn.Sequential(nn.Linear(1, 1)))
+
+
+def test_moe_leaf_modules_are_marked_for_zero3(clean_env_vars):
+    from deepspeed.utils import z3_leaf_module
+
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = nn.ModuleList([nn.Linear(2, 2) for _ in range(2)])
+
+    model = nn.Sequential(nn.Linear(2, 2), Experts())
+    DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="Experts").set_moe_leaf_modules(model)
+    assert z3_leaf_module(model[1]) and not z3_leaf_module(model[0])
+
+
+def test_zero3_init_flag_tells_transformers_and_the_context_manager_switches_it(clean_env_vars):
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    plugin = DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True)
+    assert not is_deepspeed_zero3_enabled()
+    plugin.select(_from_accelerator_state=True)  # as AcceleratorState selects it
+    try:
+        assert is_deepspeed_zero3_enabled() and plugin.dschf.is_zero3()
+        with plugin.zero3_init_context_manager(enable=False):
+            assert not is_deepspeed_zero3_enabled() and not plugin.is_zero3_init_enabled()
+        assert is_deepspeed_zero3_enabled() and plugin.is_zero3_init_enabled()
+    finally:
+        plugin._unset_deepspeed_weakref()
+    assert not is_deepspeed_zero3_enabled()
+
+
+def test_without_deepspeed_installed_the_error_names_the_extra(tmp_path):
+    code = ("import importlib.util, sys\nreal = importlib.util.find_spec\n"
+            "importlib.util.find_spec = lambda name, *a: None if name == 'deepspeed' else real(name, *a)\n"
+            "from hasten import Accelerator, DeepSpeedPlugin\n"
+            "try:\n    Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin())\n"
+            "except ImportError as error:\n    print('ERROR', error)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(),
+                            timeout=120)
+    assert "pip install 'hasten[deepspeed]'" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.fixture
+def clean_env_vars(monkeypatch):
+    for key in ("HASTEN_USE_DEEPSPEED", "HASTEN_DEEPSPEED_ZERO_STAGE"):
+        monkeypatch.delenv(key, raising=False)

@@ -1,0 +1,65 @@
+"""The strategy conformance suite: every strategy trains to single-process PyTorch's numbers, and a checkpoint
+saved under one strategy loads under another (tests/strategies/check_strategy_conformance.py does the work).
+
+Each backend adds itself with one line in the script's STRATEGIES table; the chain below then runs it after the
+ones before, loading the previous strategy's checkpoint, and the first strategy loads the last one's.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import run_launch
+
+HERE = Path(__file__).resolve().parent  # the scripts these tests launch live beside them
+sys.path.insert(0, str(HERE))
+from check_strategy_conformance import STRATEGIES  # noqa: E402
+
+ORDER = list(STRATEGIES)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("conformance")
+
+
+def _marked(position: int):
+    """DeepSpeed's lines carry the ``deepspeed`` marker (``-m 'not deepspeed'`` deselects them)."""
+    name = ORDER[position]
+    marks = [pytest.mark.deepspeed] if STRATEGIES[name][2] == "DeepSpeedStrategy" else []
+    return pytest.param(position, id=name, marks=marks)
+
+
+@pytest.mark.parametrize("position", [_marked(i) for i in range(len(ORDER))])
+def test_strategy_matches_single_process_pytorch_and_loads_the_previous_checkpoint(work, position):
+    strategy = ORDER[position]
+    world = STRATEGIES[strategy][0]
+    previous = [ORDER[position - 1]] if position else []
+    result = run_launch("check_strategy_conformance.py", strategy, work, *previous, num_processes=world)
+    assert f"CONFORMANCE PASSED {strategy}" in result.stdout, result.stdout
+    if previous:
+        assert f"ok: {strategy} loaded {previous[0]}'s checkpoint" in result.stdout
+
+
+def test_the_first_strategy_loads_the_last_strategys_checkpoint(work):
+    first, last = ORDER[0], ORDER[-1]
+    if not (work / last).is_dir():  # run alone: produce the last strategy's checkpoint first
+        run_launch("check_strategy_conformance.py", last, work, num_processes=STRATEGIES[last][0])
+    result = run_launch("check_strategy_conformance.py", first, work, last, num_processes=STRATEGIES[first][0])
+    assert f"ok: {first} loaded {last}'s checkpoint" in result.stdout, result.stdout
+
+
+# Sharded checkpoints reshard: besides the chain above (2 -> 4 -> 1 processes), load on 2 what 1 and 4 processes
+# saved, under both FSDP versions.
+CROSS_LOADS = [("fsdp2", "single"), ("fsdp2", "hsdp"), ("fsdp1_sharded", "hsdp")]
+CROSS_LOADS += [("single", "tp"), ("tp", "fsdp2")]  # TP=2 shards on one process; full FSDP files split over tp
+if "zero3" in STRATEGIES:  # an FSDP run loads ZeRO-3 partitions; a ZeRO-2 offload engine its sibling's own files
+    CROSS_LOADS += [("fsdp2", "zero3"), ("zero2_offload", "zero2"), ("zero3_bf16", "hsdp")]
+
+
+@pytest.mark.parametrize("strategy, other", CROSS_LOADS, ids=[f"{a}<-{b}" for a, b in CROSS_LOADS])
+def test_a_checkpoint_loads_on_another_number_of_processes(work, strategy, other):
+    if not (work / other).is_dir():  # run alone: produce the other strategy's checkpoint first
+        run_launch("check_strategy_conformance.py", other, work, num_processes=STRATEGIES[other][0])
+    result = run_launch("check_strategy_conformance.py", strategy, work, other,
+                        num_processes=STRATEGIES[strategy][0])
+    assert f"ok: {strategy} loaded {other}'s checkpoint" in result.stdout, result.stdout
