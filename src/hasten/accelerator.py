@@ -909,7 +909,7 @@ class Accelerator:
 
     def register_for_checkpointing(self, *objects) -> None:
         """Save and restore ``objects`` (each with ``state_dict()`` / ``load_state_dict()``) with the state."""
-        from .checkpointing.custom_objects import check_registrable
+        from .checkpointing.targets import check_registrable
 
         self._custom_objects.extend(check_registrable(objects))
 

@@ -17,7 +17,7 @@ from hasten import Accelerator
 from hasten.checkpointing import CheckpointError, CorruptCheckpointError, UnsafeCheckpointError, auto_resume
 from hasten.checkpointing import checksums, writers
 from hasten.checkpointing.errors import CheckpointWriteError
-from hasten.checkpointing.lock import LOCK_NAME
+from hasten.checkpointing.atomic import LOCK_NAME
 from hasten.state import AcceleratorState, GradientState
 from hasten.utils import ProjectConfiguration
 

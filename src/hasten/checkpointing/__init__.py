@@ -1,19 +1,24 @@
-"""Checkpointing: ``save_state`` / ``load_state`` / ``save_model`` and automatic resume.
+"""Checkpointing, backend-neutral: ``save_state`` / ``load_state`` / ``save_model`` and automatic resume.
 
-One file per job:
+A strategy writes its state inside the staging folder through its checkpoint IO; everything around it is here,
+one file per step:
 
+- ``targets``: what a checkpoint saves and restores (``CheckpointTargets``, handed over by the Accelerator);
 - ``layout``: the checkpoint folder's file names (the reference library's, so each library reads the other's);
-- ``snapshot``: every state a checkpoint holds, taken from the Accelerator (model and optimizer states
-  from the strategy);
-- ``atomic`` / ``transaction``: staging folder, flush, completion marker, rename; who writes what when
-  several processes save; ``checksums``: each file's CRC in the marker, checked on load; ``lock``: one
-  writer per folder;
-- ``saving`` / ``loading``: the two directions; ``agreement``: all processes succeed or all raise;
+- ``checkpoint_io``: the default IO, full state dicts: the snapshot taken before anything is written, and the
+  files it becomes; ``full_state_reader``: reading them back, checked, then applied all or nothing (engine
+  checkpoints of other backends through the strategy's ``engine_checkpoint_formats``);
+- ``atomic`` / ``transaction``: staging folder, flush, completion marker, rename, one writer per folder; who
+  writes what when several processes save; ``checksums``: each file's CRC in the marker, checked on load;
+- ``saving`` / ``loading``: the two directions, given (strategy, targets, project configuration);
+  ``agreement``: all processes succeed or all raise;
 - ``async_save``: ``save_state(async_save=True)``, the files written in a background thread;
 - ``rotation``: ``{project_dir}/checkpoints/checkpoint_{n}``, ``total_limit``, the newest complete one;
-- ``rng``: every process's random generators; ``safe_load``: ``weights_only`` loading with an allow-list;
-- ``model_files`` / ``safetensors_io`` / ``save_model``: weights in and out (wrapper prefixes, tied weights,
-  sharded safetensors with an index);
+- file formats: ``writers`` (pickles and safetensors, durable), ``serialization`` (``save`` / ``load`` once per
+  run), ``safe_load`` (``weights_only`` loading with an allow-list), ``safe_dcp`` / ``sharded_files`` (DCP folders
+  read without running code), ``model_files`` / ``save_model`` (weights in and out: wrapper prefixes, tied weights,
+  sharded safetensors with an index), ``optimizer_names`` (optimizer states by name and by position), ``rng``
+  (every process's random generators);
 - ``auto_resume``: the one-liner that continues a restarted job;
 - ``state_files``: Accelerate's low-level ``save_accelerator_state`` / ``load_accelerator_state`` /
   ``save_custom_state`` / ``load_custom_state``, over the same files.

@@ -20,7 +20,7 @@ from typing import Optional
 from .atomic import is_complete, is_staging_name, remove_folder
 from .errors import CheckpointNotFoundError
 from .layout import CHECKPOINTS_FOLDER, automatic_folder, automatic_iteration
-from .lock import LOCK_NAME, lock_holder_alive, read_lock
+from .atomic import LOCK_NAME, lock_holder_alive, read_lock
 
 __all__ = ["checkpoints_root", "next_automatic_folder", "list_checkpoints", "complete_checkpoints",
            "newest_complete_checkpoint",

@@ -1,4 +1,6 @@
-"""``CheckpointTargets``: everything a checkpoint saves and restores, handed over by the Accelerator explicitly.
+"""``CheckpointTargets``: everything a checkpoint saves and restores, handed over by the Accelerator explicitly,
+and the check of the objects given to ``register_for_checkpointing`` (anything with ``state_dict()`` and
+``load_state_dict()``).
 
 Checkpointing never reads the Accelerator's private attributes: the Accelerator builds one of these per
 ``save_state`` / ``load_state`` call, and the strategy's checkpoint IO reads and writes through it.
@@ -10,7 +12,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-__all__ = ["CheckpointTargets"]
+
+__all__ = ["CheckpointTargets", "check_registrable"]
 
 
 @dataclass
@@ -48,3 +51,26 @@ class CheckpointTargets:
             if any(id(p) in params for p in model.parameters()):
                 return model
         return None
+
+
+
+
+def _describe(obj) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__qualname__
+
+
+def check_registrable(objects) -> list:
+    """``objects`` as a list, or ValueError naming every one that lacks ``state_dict`` / ``load_state_dict``."""
+    invalid = []
+    for position, obj in enumerate(objects):
+        missing = [name for name in ("state_dict", "load_state_dict") if not callable(getattr(obj, name, None))]
+        if missing:
+            invalid.append(f"argument {position} ({_describe(obj)}) has no {' and no '.join(missing)}")
+    if invalid:
+        raise ValueError(
+            "register_for_checkpointing takes objects with state_dict() and load_state_dict() methods (their "
+            "state is saved and restored with the checkpoint); " + "; ".join(invalid) + ". Wrap such a value in a "
+            "small class with those two methods."
+        )
+    return list(objects)

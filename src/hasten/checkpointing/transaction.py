@@ -25,7 +25,7 @@ from .agreement import together
 from .atomic import recover_interrupted_swap, staging_folder, swap_into_place, write_marker
 from .errors import CheckpointError
 from .layout import is_checkpoint_file
-from .lock import SaveLock
+from .atomic import SaveLock
 
 __all__ = ["SaveTransaction"]
 
