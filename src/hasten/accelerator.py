@@ -566,15 +566,13 @@ class Accelerator:
                                accumulation_steps=self.gradient_accumulation_steps,
                                num_items_in_batch=num_items_in_batch, **kwargs)
 
-    @contextlib.contextmanager
     def accumulate(self, *models):
         """One batch of gradient accumulation: gradients are synchronised only on the batch that ends a cycle.
 
         Inside, ``sync_gradients`` says whether this is that batch; the prepared optimizer and scheduler step
-        only then.
+        only then. (A context manager: ``with accelerator.accumulate(model): ...``.)
         """
-        with self._accumulator.accumulate(models):
-            yield
+        return self._accumulator.accumulate(models)
 
     @contextlib.contextmanager
     def no_sync(self, model):

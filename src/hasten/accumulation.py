@@ -35,13 +35,13 @@ class GradientAccumulator:
         if at_loader_end and not at_boundary:
             self.step = 0  # the next loader starts a fresh cycle
 
-    @contextlib.contextmanager
     def accumulate(self, models):
-        """Count a batch; skip DDP's gradient synchronisation unless this batch ends a cycle."""
+        """Count a batch; skip DDP's gradient synchronisation unless this batch ends a cycle (a context manager)."""
         self.advance()
-        sync = self.gradient_state.sync_gradients or self.gradient_state.sync_each_batch or self.single_process
-        with contextlib.ExitStack() as stack:
-            if not sync:
-                for model in models:
-                    stack.enter_context(self.strategy.no_sync(model))
-            yield
+        gradient_state = self.gradient_state
+        if gradient_state.sync_gradients or gradient_state.sync_each_batch or self.single_process:
+            return contextlib.nullcontext()  # the common step: nothing to enter
+        stack = contextlib.ExitStack()
+        for model in models:
+            stack.enter_context(self.strategy.no_sync(model))
+        return stack
