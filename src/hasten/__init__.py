@@ -3,8 +3,15 @@
 The public names match Hugging Face Accelerate's, so ``from accelerate import X`` becomes
 ``from hasten import X``. Names are imported lazily from the module that defines them.
 """
+import os as _os
+
 from .core.lazy import build_table, lazy_exports
 from .core.versions import HASTEN_VERSION as __version__
+
+if _os.environ.get("HASTEN_AS_ACCELERATE"):  # the switch set after interpreter start still counts (as_accelerate/)
+    from .as_accelerate.startup import honour_on_import
+
+    honour_on_import()
 
 _EXPORTS = build_table({
     "hasten.accelerator": ["Accelerator"],
@@ -35,6 +42,7 @@ _EXPORTS = build_table({
                                      "load_checkpoint_and_dispatch"],
     "hasten.big_modeling.device_map": ["infer_auto_device_map"],
     "hasten.big_modeling.loading": ["load_checkpoint_in_model"],
+    "hasten.as_accelerate.switch": ["install_as_accelerate"],
 })
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -166,7 +166,7 @@ _UNSAFE = re.compile(r"pickle\.loads?\(|yaml\.load\(|yaml\.unsafe_load|FullLoade
 
 
 # bytes another process of the same job sent through a collective (as torch's all_gather_object), not a file
-_PEER_BYTES = {"utils/object_exchange.py"}
+_PEER_BYTES = {"collectives/object_exchange.py"}
 
 
 def test_no_unrestricted_deserialisation_or_eval_in_the_library():

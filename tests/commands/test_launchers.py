@@ -7,7 +7,7 @@ from helpers import _one_multiprocess_job_at_a_time
 
 def _report(offset):
     from hasten.state import PartialState
-    from hasten.utils.environment import env_name
+    from hasten.core.env_vars import env_name
     import os
 
     state = PartialState()

@@ -62,18 +62,22 @@ def trained(accelerator):
 
 
 # ------------------------------------------------------------------------------------------ precision
-def test_the_precision_is_the_strategys_and_autocast_asks_it():
+def test_the_precision_is_the_strategys_and_autocast_follows_the_runs_precision():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fp16 on the CPU is slow: the warning is tested in test_precision.py
         accelerator = Accelerator(cpu=True, mixed_precision="fp16")
     assert accelerator.precision is accelerator.strategy.precision
     assert accelerator.strategy.precision.autocast_dtype == torch.float16
-    with get_mixed_precision_context_manager(native_amp=True):
+    with get_mixed_precision_context_manager(native_amp=accelerator.native_amp):
         assert torch.get_autocast_dtype("cpu") == torch.float16
-    accelerator.strategy.precision.autocast_dtype = None  # a backend whose engine casts itself
-    with get_mixed_precision_context_manager(native_amp=True):
-        assert torch.is_autocast_enabled("cpu")
-        assert torch.get_autocast_dtype("cpu") == torch.bfloat16  # the CPU's default, not the run's fp16
+    # a backend whose engine casts itself (DeepSpeed's EnginePrecision) has no autocast: native_amp is False, so
+    # the context a script builds from it, as Accelerate's scripts do, is a plain one
+    from hasten.precision import EnginePrecision
+
+    engine = EnginePrecision("bf16")
+    assert engine.native_amp is False and engine.autocast_dtype is None and engine.scaler is None
+    with get_mixed_precision_context_manager(native_amp=engine.native_amp):
+        assert not torch.is_autocast_enabled("cpu")
 
 
 # ------------------------------------------------------------------------------------------ the training step

@@ -88,6 +88,9 @@ def _define(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_flag(procs, "gpu_ids", default=None, metavar="IDS", help="GPUs to use, e.g. 0,1 (default all)")
     add_flag(procs, "enable_cpu_affinity", action="store_true", default=None,
              help="pin each GPU process to the CPU cores of its GPU's NUMA node")
+    add_flag(procs, "as_accelerate", action="store_true", default=False,
+             help="set HASTEN_AS_ACCELERATE=1 for the workers: `import accelerate` in them (transformers' Trainer, "
+                  "TRL, PEFT, diffusers ...) is hasten")
     add_flag(procs, "num_cpu_threads_per_process", type=int, default=None, metavar="N",
              help="OMP_NUM_THREADS of each process (default: cores // processes on this machine)")
     add_flag(procs, "multi_gpu", action="store_true", default=False,

@@ -569,6 +569,8 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
     env.update(backend_env(args))
     env.update(deepspeed.env)
     env.update(parallel_env)
+    if getattr(args, "as_accelerate", False):  # the workers' `import accelerate` is hasten (as_accelerate/)
+        env["HASTEN_AS_ACCELERATE"] = "1"
     rdzv_id = f"slurm-{layout.job_id}" if layout is not None and layout.job_id else None
     torchrun = torchrun_arguments(args, values, per_machine, port, restartable, rdzv_id)
     runner = None
