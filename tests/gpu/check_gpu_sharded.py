@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 from gpu_common import LLAMA_TINY, Ctx, build_llama, lm_loss, sized, token_batches
 
-TOTAL_STEPS, SAVE_AT = 8, 4
 
 
 def _sizes(ctx: Ctx):
@@ -67,35 +66,36 @@ def _close(ours: list, plain: list, what: str, tolerance: float = 2e-2) -> float
 
 
 def _save_and_resume(ctx: Ctx, plugin_options: dict, async_save: bool) -> dict:
-    """Train TOTAL_STEPS steps saving after SAVE_AT (asynchronously: training goes on while it is written), then
+    """Train ``total`` steps saving after ``save_at`` (asynchronously: training goes on while it is written), then
     resume in a fresh Accelerator: the steps after the save give the same losses and weights, bitwise."""
     from hasten.state import AcceleratorState
 
     ctx.world_of_one()
     config, seq, batch = _sizes(ctx)
+    total, save_at = (4, 2) if ctx.dry_run else (8, 4)
     batches = token_batches(4, batch, seq, config.vocab, ctx.device)
     accelerator, model, optimizer = _prepared(ctx, config, plugin_options)
     devices = {_local(p).device.type for p in model.parameters()}
     assert devices == {torch.device(ctx.device).type}, f"parameters on {devices}, expected {ctx.device}"
     folder = Path(ctx.work_dir) / "checkpoint"
-    before = _train(accelerator, model, optimizer, batches, range(SAVE_AT))
+    before = _train(accelerator, model, optimizer, batches, range(save_at))
     accelerator.save_state(str(folder), async_save=async_save)
-    after = _train(accelerator, model, optimizer, batches, range(SAVE_AT, TOTAL_STEPS))  # overlaps the write
+    after = _train(accelerator, model, optimizer, batches, range(save_at, total))  # overlaps the write
     accelerator.wait_for_checkpoint()
     weights = {k: v.detach().float().cpu().clone() for k, v in accelerator.get_state_dict(model).items()}
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     assert any(name.endswith(".metadata") for name in files), f"no sharded (DCP) checkpoint in {files}"
-    worst = _close(before + after, _plain_losses(ctx, config, batches, TOTAL_STEPS), "sharded training")
+    worst = _close(before + after, _plain_losses(ctx, config, batches, total), "sharded training")
     AcceleratorState._reset_state()
     accelerator, model, optimizer = _prepared(ctx, config, plugin_options)
     accelerator.load_state(str(folder))
-    resumed = _train(accelerator, model, optimizer, batches, range(SAVE_AT, TOTAL_STEPS))
+    resumed = _train(accelerator, model, optimizer, batches, range(save_at, total))
     assert resumed == after, f"resumed losses {resumed} vs {after}"
     resumed_weights = accelerator.get_state_dict(model)
     differing = [k for k in weights if not torch.equal(weights[k], resumed_weights[k].detach().float().cpu())]
     assert not differing, f"weights after the resume differ: {differing[:5]}"
-    return {"detail": f"{TOTAL_STEPS} steps ({before[0]:.4f} -> {after[-1]:.4f}, within {worst:.1e} of unsharded), "
-                      f"{'async ' if async_save else ''}sharded save of {len(files)} files at step {SAVE_AT}, "
+    return {"detail": f"{total} steps ({before[0]:.4f} -> {after[-1]:.4f}, within {worst:.1e} of unsharded), "
+                      f"{'async ' if async_save else ''}sharded save of {len(files)} files at step {save_at}, "
                       "resume bitwise",
             "metrics": {"losses": before + after, "max_rel_diff_vs_unsharded": worst, "checkpoint_files": files}}
 

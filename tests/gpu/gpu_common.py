@@ -4,6 +4,16 @@
 ``Llama`` is a Llama-style decoder (RMSNorm, rotary embeddings, grouped-query attention through
 ``scaled_dot_product_attention``, SwiGLU) built from a ``LlamaConfig``: ``LLAMA_1B`` is the ~1.1B-parameter size
 of the throughput check, ``LLAMA_TINY`` the size of the dry run and of the correctness checks.
+
+A check is a function ``check(ctx: Ctx) -> dict`` that raises ``Skip(reason)`` when it cannot run here, and any
+other exception (a failed assertion) when hasten got it wrong. The dict it returns holds:
+
+- ``detail``: one line of what it showed; ``metrics``: any figures (JSON);
+- ``timings``: ``{loop: [seconds of each timed window]}`` with a ``plain`` loop (``alternate`` makes it), and
+  ``steps_per_window``; ``pairs`` (``{ratio name: [loop a, loop b]}``) when the ratios are not ``loop/plain``;
+- ``tokens_per_step`` and ``params`` (the throughput check: tokens/s and MFU);
+- ``for_reference``: handed to the reference variant as ``ctx.inputs``;
+- ``failed``: a message; the check fails with it and keeps its figures.
 """
 from __future__ import annotations
 

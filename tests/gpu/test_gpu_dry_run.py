@@ -31,18 +31,20 @@ HAS_REFERENCE = importlib.util.find_spec("accelerate") is not None
 def _start(out: Path, *options: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("OUT", "CUDA_VISIBLE_DEVICES")}
     env["PYTHON"] = sys.executable
-    return subprocess.Popen(["bash", str(HERE / "run_all.sh"), "--dry-run", str(out), *options],
+    return subprocess.Popen(["bash", str(HERE / "run_all.sh"), str(out), *options],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The whole dry run, and beside it a run where amp_bf16 raises and nccl hangs past a 3 s budget."""
-    outs = {"full": tmp_path_factory.mktemp("full"), "faults": tmp_path_factory.mktemp("faults")}
+    """The whole dry run; beside it a dry run where amp_bf16 raises and nccl hangs past a 3 s budget, and a GPU run
+    on this machine without a GPU."""
+    outs = {name: tmp_path_factory.mktemp(name) for name in ("full", "faults", "no_gpu")}
     started = time.monotonic()
-    processes = {"full": _start(outs["full"]),
-                 "faults": _start(outs["faults"], "--only", "amp_bf16,nccl,deepspeed", "--inject-failure",
-                                  "amp_bf16", "--inject-hang", "nccl", "--budget", "nccl=3", "--no-reference")}
+    processes = {"full": _start(outs["full"], "--dry-run"),
+                 "faults": _start(outs["faults"], "--dry-run", "--only", "amp_bf16,nccl,deepspeed", "--inject-failure",
+                                  "amp_bf16", "--inject-hang", "nccl", "--budget", "nccl=3", "--no-reference"),
+                 "no_gpu": _start(outs["no_gpu"], "--only", "nccl")}
     results = {}
     for name, process in processes.items():
         stdout, _ = process.communicate(timeout=240)
@@ -136,6 +138,16 @@ def test_a_check_that_raises_or_hangs_is_reported_failed_and_the_run_goes_on(run
     assert 3 <= rows["nccl"]["seconds"] < 15, rows["nccl"]  # killed at its budget, not left to hang
     assert list(rows) == ["amp_bf16", "nccl", "deepspeed"] and rows["deepspeed"]["status"] == "skipped"  # goes on
     assert "## Failures" in run["markdown"] and "timeout" in run["markdown"]
+
+
+def test_the_gpu_run_without_a_gpu_says_so_and_exits_2(runs):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the run was a real one")
+    run = runs["no_gpu"]
+    assert run["code"] == 2 and run["summary"]["problem"].startswith("no CUDA device"), run["stdout"]
+    assert run["summary"]["checks"] == [] and "no CUDA device" in run["stdout"].splitlines()[-1]
 
 
 # ------------------------------------------------------------------------------ in-process: the runner's logic
