@@ -601,12 +601,14 @@ class GradientState:
     @property
     def end_of_dataloader(self) -> bool:
         """Whether the active loader has yielded its last batch."""
-        return getattr(self.active_dataloader, "end_of_dataloader", False) if self.active_dataloader else False
+        loader = self.active_dataloader  # compared with None: a loader's truth value would ask its len() every step
+        return loader is not None and getattr(loader, "end_of_dataloader", False)
 
     @property
     def remainder(self) -> int:
         """Samples of the last global batch that are real (not even_batches duplicates); -1 when unknown."""
-        return getattr(self.active_dataloader, "remainder", -1) if self.active_dataloader else -1
+        loader = self.active_dataloader
+        return getattr(loader, "remainder", -1) if loader is not None else -1
 
     @property
     def in_dataloader(self) -> bool:

@@ -285,13 +285,19 @@ def listify(data):
     return recursively_apply(_to_list, data)
 
 
+def _is_low_precision(leaf) -> bool:
+    return (isinstance(leaf, torch.Tensor) or hasattr(leaf, "dtype")) and leaf.dtype in _LOW_PRECISION_FLOATS
+
+
+def _to_fp32(leaf):
+    return leaf.float()
+
+
 def convert_to_fp32(tensor):
     """Every fp16 / bf16 tensor of ``tensor`` converted to fp32; everything else unchanged."""
-
-    def _is_low_precision(leaf):
-        return (isinstance(leaf, torch.Tensor) or hasattr(leaf, "dtype")) and leaf.dtype in _LOW_PRECISION_FLOATS
-
-    return recursively_apply(lambda leaf: leaf.float(), tensor, test_type=_is_low_precision)
+    if type(tensor) is torch.Tensor:  # a model's usual output: no walk (this runs after every mixed-precision forward)
+        return tensor.float() if tensor.dtype in _LOW_PRECISION_FLOATS else tensor
+    return recursively_apply(_to_fp32, tensor, test_type=_is_low_precision)
 
 
 class ConvertOutputsToFp32:
