@@ -28,7 +28,18 @@ class _StrEnum(str, Enum):
         raise ValueError(f"Unknown {what} {value!r}; choose one of {', '.join(map(repr, cls.list()))}.")
 
 
-class DistributedType(_StrEnum):
+class _NamedStrEnum(_StrEnum):
+    """A ``_StrEnum`` whose ``str()`` is ``"Class.MEMBER"``, as Accelerate's plain ``(str, Enum)`` classes print
+    (scripts and libraries compare those strings); it still equals its value."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+class DistributedType(_NamedStrEnum):
     """How the processes of a run share the work."""
 
     NO = "NO"
@@ -93,7 +104,7 @@ class DynamoBackend(_StrEnum):
     NEURON = "NEURON"
 
 
-class ComputeEnvironment(_StrEnum):
+class ComputeEnvironment(_NamedStrEnum):
     LOCAL_MACHINE = "LOCAL_MACHINE"
     AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
 

@@ -1,0 +1,163 @@
+"""HASTEN_AS_ACCELERATE / hasten.install_as_accelerate(): every `accelerate` import is hasten, in any process.
+
+Each case runs in a fresh interpreter (the switch is process-wide, set at start-up by the hook the package installs).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, clean_env
+
+REFERENCE_VERSION = "1.15.0"
+
+
+def run_python(code: str, *, switch=None, args=(), check=True, cwd=None) -> subprocess.CompletedProcess:
+    env = clean_env()
+    if switch is not None:
+        env["HASTEN_AS_ACCELERATE"] = switch
+    result = subprocess.run([sys.executable, *args, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                            env=env, cwd=cwd or ROOT, timeout=240)
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
+    return result
+
+
+IDENTITY = """
+    import importlib, importlib.metadata, importlib.util, sys
+    import accelerate
+    import hasten
+    assert accelerate.__version__ == "1.15.0", accelerate.__version__
+    assert importlib.metadata.version("accelerate") == "1.15.0"
+    assert importlib.util.find_spec("accelerate") is not None
+    assert accelerate.Accelerator is hasten.Accelerator and accelerate.PartialState is hasten.PartialState
+    import accelerate.utils, accelerate.utils.operations, accelerate.state, accelerate.utils.fsdp_utils
+    from accelerate.utils.dataclasses import DistributedType
+    from accelerate.data_loader import prepare_data_loader
+    assert accelerate.utils is sys.modules["hasten.utils"]
+    assert accelerate.utils.operations is sys.modules["hasten.utils.operations"]
+    assert accelerate.state.AcceleratorState is hasten.AcceleratorState
+    assert prepare_data_loader is sys.modules["hasten.data"].prepare_data_loader
+    assert str(DistributedType.MULTI_CPU) == "DistributedType.MULTI_CPU" and DistributedType.MULTI_CPU == "MULTI_CPU"
+    try:
+        import accelerate.no_such_module
+    except ModuleNotFoundError:
+        pass
+    else:
+        raise AssertionError("an unknown accelerate module imported")
+    from transformers.utils import is_accelerate_available
+    assert is_accelerate_available(), "transformers does not see accelerate"
+    print("SWITCH OK", accelerate.__file__)
+"""
+
+
+def test_the_variable_makes_every_accelerate_import_hastens_module():
+    result = run_python(IDENTITY, switch="1")
+    assert "SWITCH OK" in result.stdout and "hasten" in result.stdout
+
+
+@pytest.mark.parametrize("value", ["true", "TRUE", " 1 "])
+def test_true_spellings_turn_it_on(value):
+    assert "on" in run_python("import accelerate, hasten; print('on' if accelerate.Accelerator is hasten.Accelerator "
+                              "else 'off')", switch=value).stdout
+
+
+@pytest.mark.parametrize("value", [None, "0", "false", ""])
+def test_without_the_switch_the_real_accelerate_is_untouched(value):
+    result = run_python("""
+        import accelerate, hasten, importlib.metadata
+        assert accelerate.Accelerator is not hasten.Accelerator
+        print(accelerate.__file__, importlib.metadata.version("accelerate"))
+    """, switch=value)
+    assert "site-packages" in result.stdout and REFERENCE_VERSION in result.stdout
+
+
+def test_a_wrong_value_is_an_error_naming_the_variable():
+    result = run_python("import accelerate", switch="maybe", check=False)
+    assert result.returncode != 0
+    assert "HASTEN_AS_ACCELERATE='maybe' is not a switch value" in result.stderr
+    result = run_python("import hasten", switch="yes please", check=False)
+    assert result.returncode != 0 and "HASTEN_AS_ACCELERATE='yes please'" in result.stderr
+
+
+def test_setting_the_variable_after_the_real_accelerate_was_imported_says_how_to_fix_it():
+    result = run_python("""
+        import os
+        import accelerate
+        os.environ["HASTEN_AS_ACCELERATE"] = "1"
+        import hasten
+    """, check=False)
+    assert result.returncode != 0
+    assert "The real accelerate is already imported in this process" in result.stderr
+    assert "before Python starts" in result.stderr
+
+
+def test_install_as_accelerate_in_code_and_again_is_harmless():
+    run_python("""
+        import sys
+        import hasten
+        hasten.install_as_accelerate()
+        hasten.install_as_accelerate()
+        from hasten.as_accelerate import is_installed_as_accelerate, uninstall_as_accelerate
+        assert is_installed_as_accelerate()
+        import accelerate
+        assert accelerate.Accelerator is hasten.Accelerator
+        uninstall_as_accelerate()
+        import accelerate
+        assert accelerate.Accelerator is not hasten.Accelerator and "site-packages" in accelerate.__file__
+    """)
+
+
+def test_a_variable_set_in_the_process_before_any_accelerate_import_counts():
+    run_python("""
+        import os
+        os.environ["HASTEN_AS_ACCELERATE"] = "1"
+        import hasten, accelerate
+        assert accelerate.Accelerator is hasten.Accelerator
+    """)
+
+
+def test_the_switch_works_where_the_real_accelerate_is_not_installed(tmp_path):
+    """A site-packages without accelerate (every other entry linked in), the start-up hook among its .pth files."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    mirror = tmp_path / "site"
+    mirror.mkdir()
+    for entry in site.iterdir():
+        if entry.name.split("-")[0].lower() in ("accelerate",) or entry.name.startswith("accelerate"):
+            continue
+        (mirror / entry.name).symlink_to(entry)
+    code = textwrap.dedent(f"""
+        import site, sys
+        sys.path[:] = [p for p in sys.path if "site-packages" not in p]
+        site.addsitedir({str(mirror)!r})  # runs the .pth files: the editable path and hasten's start-up hook
+        import importlib.util
+        assert importlib.util.find_spec("accelerate").origin.startswith({str(ROOT / "src")!r})
+    """) + textwrap.dedent(IDENTITY)
+    probe = run_python(f"""
+        import sys; sys.path[:] = [p for p in sys.path if "site-packages" not in p]
+        import site; site.addsitedir({str(mirror)!r})
+        import importlib.metadata
+        try:
+            importlib.metadata.version("accelerate")
+        except importlib.metadata.PackageNotFoundError:
+            print("NOT INSTALLED")
+    """, args=["-S"])
+    assert "NOT INSTALLED" in probe.stdout  # the mirror really has no accelerate
+    assert "SWITCH OK" in run_python(code, switch="1", args=["-S"]).stdout
+
+
+def test_hasten_launch_as_accelerate_sets_the_variable_for_the_workers(tmp_path):
+    from hasten.commands.launch import build_plan, launch_command_parser
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    args = launch_command_parser().parse_args(["--as_accelerate", "-n", "2", str(script)])
+    assert build_plan(args, None, None).env["HASTEN_AS_ACCELERATE"] == "1"
+    args = launch_command_parser().parse_args(["-n", "2", str(script)])
+    assert "HASTEN_AS_ACCELERATE" not in build_plan(args, None, None).env
