@@ -2,7 +2,7 @@
 import runpy
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "big_model_inference.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "big_model_inference.py"
 
 
 def test_example_offloads_blocks_and_matches(capsys):

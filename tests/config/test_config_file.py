@@ -10,7 +10,7 @@ import yaml
 from hasten.config.config_file import default_config_path, load_config_file, normalize_config
 from hasten.utils import default_config_file, write_basic_config
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "config-file.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "config-file.md"
 
 
 def write(path, text):

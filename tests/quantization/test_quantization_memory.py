@@ -20,7 +20,7 @@ bnb = pytest.importorskip("bitsandbytes")
 
 from quantization_models import TinyLM, make_model, save_sharded  # noqa: E402
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: quantization_models.py
 
 
 def test_estimate_memory_agrees_with_the_loaded_model(tmp_path, capsys):

@@ -21,7 +21,7 @@ import pytest
 
 accelerate = pytest.importorskip("accelerate")
 
-MIGRATION_DOC = Path(__file__).resolve().parent.parent / "docs" / "migration.md"
+MIGRATION_DOC = Path(__file__).resolve().parents[2] / "docs" / "migration.md"
 UTILS_SUBMODULES = ("dataclasses operations modeling offload memory random other imports constants environment "
                     "launch fsdp_utils deepspeed megatron_lm bnb versions torch_xla tqdm transformer_engine ao").split()
 TOP_MODULES = ("hooks big_modeling data_loader state optimizer scheduler logging launchers local_sgd tracking "
