@@ -132,6 +132,7 @@ class Accelerator:
             fsdp_plugin=fsdp_plugin, megatron_lm_plugin=megatron_lm_plugin, torch_tp_plugin=torch_tp_plugin,
         )
         self.strategy.setup()
+        get_logger(__name__).info("hasten trains with %r", self.strategy)  # which backend really runs (INFO)
         if parallelism_config is not None and self.state.use_distributed:  # the run's one DeviceMesh, built once
             dims.build_mesh(self.device.type)
         self.device_placement = device_placement
@@ -428,11 +429,13 @@ class Accelerator:
     def _prepare_training(self, models, optimizers, model_placement, optimizer_placement, evaluation_mode=False,
                           schedulers=()):
         originals = list(models) + list(optimizers)
-        if optimizers and not models and self.strategy.prepares_models_with_optimizers:
+        alone = [o for o in optimizers if not self.strategy.trains_prepared_parameters(o, self._models)]
+        if alone and not models and self.strategy.prepares_models_with_optimizers:
             raise ValueError(
                 f"{type(self.strategy).__name__} prepares each model together with its optimizer, and this "
-                f"prepare() call got {len(optimizers)} optimizer(s) without their model: pass them in one call, "
-                "model, optimizer = accelerator.prepare(model, optimizer)."
+                f"prepare() call got {len(alone)} optimizer(s) without their model: pass them in one call, "
+                "model, optimizer = accelerator.prepare(model, optimizer) (or build the optimizer on the prepared "
+                "model's parameters)."
             )
         self._check_optimizers_belong_to_models(models, optimizers)
         models, raw_optimizers = self.strategy.prepare_training(

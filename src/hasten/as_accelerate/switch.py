@@ -57,8 +57,12 @@ class _AccelerateDistribution(importlib.metadata.Distribution):
     """The installed-distribution record of ``accelerate`` while hasten answers for it."""
 
     _FILES = {
+        # the fields clients read: sentence-transformers checks that the Home-page is Hugging Face's project,
+        # whose API this is
         "METADATA": (f"Metadata-Version: 2.1\nName: accelerate\nVersion: {ACCELERATE_API_VERSION}\n"
-                     "Summary: hasten answering for Accelerate (HASTEN_AS_ACCELERATE)\n"),
+                     "Summary: hasten answering for Accelerate (HASTEN_AS_ACCELERATE)\n"
+                     "Home-page: https://github.com/huggingface/accelerate\nLicense: Apache-2.0\n"
+                     "Requires-Python: >=3.10\n"),
         "top_level.txt": "accelerate\n",
         "INSTALLER": "hasten\n",
     }

@@ -18,17 +18,18 @@ __all__ = ["together", "raise_if_any_failed", "gather_failures"]
 T = TypeVar("T")
 
 
-def gather_failures(error: Optional[BaseException]) -> list[tuple[int, str, str]]:
+def gather_failures(error: Optional[BaseException], processes=None) -> list[tuple[int, str, str]]:
     """Collective: ``(process, error type name, message)`` of every process whose ``error`` is not None."""
-    state = PartialState()
+    state = processes or PartialState()
     outcome = None if error is None else (type(error).__name__, str(error))
     outcomes = gather_object([outcome]) if state.use_distributed else [outcome]
     return [(index, found[0], found[1]) for index, found in enumerate(outcomes) if found is not None]
 
 
-def raise_if_any_failed(error: Optional[BaseException], during: str) -> None:
-    """Collective: re-raise ``error`` here, or raise ``CheckpointError`` if another process had one."""
-    state = PartialState()
+def raise_if_any_failed(error: Optional[BaseException], during: str, processes=None) -> None:
+    """Collective (over ``processes``, default every process): re-raise ``error`` here, or raise
+    ``CheckpointError`` if another process had one."""
+    state = processes or PartialState()
     if not state.use_distributed:
         if error is not None:
             raise error
@@ -41,12 +42,13 @@ def raise_if_any_failed(error: Optional[BaseException], during: str) -> None:
         raise CheckpointError(f"{during} failed on process {index} (so it stops here too): {kind}: {text}")
 
 
-def together(during: str, function: Callable[..., T], *args, **kwargs) -> T:
-    """Run ``function`` on this process, then agree with the others (see the module docstring)."""
+def together(during: str, function: Callable[..., T], *args, processes=None, **kwargs) -> T:
+    """Run ``function`` on this process, then agree with the others (see the module docstring). ``processes``: who
+    takes part (None: every process; a one-process view when the main process saves alone)."""
     try:
         result = function(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - handed to raise_if_any_failed, which re-raises it
-        raise_if_any_failed(error, during)
+        raise_if_any_failed(error, during, processes)
         raise  # unreachable: raise_if_any_failed raised
-    raise_if_any_failed(None, during)
+    raise_if_any_failed(None, during, processes)
     return result

@@ -67,6 +67,12 @@ class Snapshot:
     custom: list = field(default_factory=list)
     rng: dict = field(default_factory=dict)
 
+    def recapture_rng(self) -> None:
+        """Take the random states again, now: the save hooks ran after the snapshot was taken and may have drawn
+        random numbers (diffusers' EMA ``save_pretrained`` does); the resumed run must draw what the uninterrupted
+        one drew next, as with the reference library, which records the states after its hooks."""
+        self.rng = capture_rng_states(step=self.rng.get("step", 0))
+
 
 def _loader_state(loader) -> Optional[Any]:
     state_dict = getattr(loader, "state_dict", None)

@@ -151,8 +151,10 @@ class _Plan:
                        for i in range(len(targets.custom_objects))]
         saved_processes = marker.get("num_processes") if marker else None
         self.same_layout = saved_processes in (None, state.num_processes)
+        alone = bool(marker and marker.get("saved_alone"))  # the main process saved it alone (participation.py)
         rng = folder / layout.rng_file(state.process_index)
-        loaders = folder / layout.loader_states_file(state.process_index)
+        # every data-parallel process's loader is at the same position: the main process's stands for all
+        loaders = folder / layout.loader_states_file(0 if alone else state.process_index)
         self.rng = rng if self.same_layout and rng.is_file() else None
         self.loaders = loaders if self.same_layout and loaders.is_file() and targets.dataloaders else None
         if not self.same_layout:
@@ -161,6 +163,9 @@ class _Plan:
                 "but random states and data loader positions are per process and are not restored: the loaders "
                 "start from the beginning (continue mid-epoch with skip_first_batches).",
                 folder, saved_processes, state.num_processes)
+        elif self.rng is None and alone:
+            logger.info("%s was saved by the main process alone: process %d's random generators keep their current "
+                        "state (as with the reference library).", folder, state.process_index)
         elif self.rng is None:
             if marker is not None:
                 raise IncompleteCheckpointError(f"Checkpoint {folder} is incomplete: {rng.name} is missing.")
@@ -240,9 +245,7 @@ def _check_dict(path: Path, what: str, state) -> None:
 def read_full_state(strategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets,
                     load_kwargs: Optional[dict], device, strict: bool) -> LoadedState:
     """Read and check every file of ``folder`` this process needs; nothing is applied (see the module doc)."""
-    models = list(targets.models)
-    for hook in list(targets.load_hooks):
-        hook(models, str(folder))
+    models = targets.run_load_hooks(folder, strategy.unwrap)
     formats = tuple(getattr(strategy, "engine_checkpoint_formats", ()))
     plan = _Plan(targets, folder, marker, models, formats)
     for path in plan.models + plan.optimizers:  # an engine's own files (pickles): only when trusted

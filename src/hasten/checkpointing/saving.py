@@ -17,6 +17,7 @@ from ..core.versions import HASTEN_VERSION
 from ..state import PartialState
 from .agreement import together
 from .errors import CheckpointWriteError
+from .participation import settle_participation
 from .rotation import checkpoints_root, enforce_total_limit, next_automatic_folder, remove_stale_staging
 from .transaction import SaveTransaction
 
@@ -55,7 +56,8 @@ def save_state(strategy, targets, project, output_dir=None, safe_serialization: 
 
     ``strategy`` writes the state inside the staging folder, ``targets`` (a ``CheckpointTargets``) is what is saved,
     ``project`` (a ``ProjectConfiguration``) names automatic folders and keeps the iteration. ``async_save``: write
-    the files in the background (``async_save.py``)."""
+    the files in the background (``async_save.py``). Called on the main process only (as diffusers' scripts do),
+    the main process saves alone (``participation.py``)."""
     from . import async_save as background
 
     background.wait_for_pending()  # the previous asynchronous save completes (or raises) before this one
@@ -72,24 +74,34 @@ def save_state(strategy, targets, project, output_dir=None, safe_serialization: 
                          "engine writes its own files, collectively, while the save runs. Call save_state() without "
                          "async_save.")
     folder, automatic = resolve_save_folder(project, output_dir)
-    state = PartialState()
+    participation = settle_participation(strategy)
+    if participation.skip:  # the main process saved this one alone, complete without this process
+        project.iteration += 1
+        return str(folder)
+    processes = participation.processes  # None: every process
+    state = processes or PartialState()
+    if async_save and participation.alone:
+        logger.info("save_state(async_save=True) on the main process alone writes synchronously.")
+        async_save = False
 
     group = background.completion_group() if async_save else None  # collective, once, on the first async save
     copy = (lambda taken: background.detached_copy(taken, reuse=True)) if async_save else (lambda taken: taken)
     if accepted:
         strategy.save_options = dict(save_model_func_kwargs)  # this save's; the IO reads them while collecting
-    snapshot = together("collecting the state to save", lambda: copy(strategy.collect_checkpoint(targets)))
+    snapshot = together("collecting the state to save", lambda: copy(strategy.collect_checkpoint(targets)),
+                        processes=processes)
     if automatic:
         together("cleaning the checkpoints folder",
                  lambda: remove_stale_staging(folder.parent)
-                 if (state.is_local_main_process if project.save_on_each_node else state.is_main_process) else None)
-    transaction = SaveTransaction(folder, save_on_each_node=project.save_on_each_node)
+                 if (state.is_local_main_process if project.save_on_each_node else state.is_main_process) else None,
+                 processes=processes)
+    transaction = SaveTransaction(folder, save_on_each_node=project.save_on_each_node, processes=processes)
     transaction.begin()
     logger.info("Saving the state to %s", folder)
 
     def run_hooks(staging: Path) -> None:
-        for hook in list(targets.save_hooks):
-            hook(targets.models, snapshot.weights, str(staging))
+        targets.run_save_hooks(snapshot.weights, staging, strategy.unwrap)
+        snapshot.recapture_rng()  # what the hooks drew counts: the run continues from here
 
     def write(staging: Path) -> None:
         if not async_save:
@@ -109,12 +121,14 @@ def save_state(strategy, targets, project, output_dir=None, safe_serialization: 
             raise
 
     metadata = {
-        "library": "hasten", "version": HASTEN_VERSION, "num_processes": state.num_processes,
+        "library": "hasten", "version": HASTEN_VERSION, "num_processes": PartialState().num_processes,
         "step": int(snapshot.rng.get("step", 0)), "safe_serialization": bool(safe_serialization),
         "models": len(snapshot.weights), "optimizers": len(snapshot.optimizers),
         "schedulers": len(snapshot.schedulers), "custom_objects": len(snapshot.custom),
         "data_loaders": len(snapshot.loaders),
     }
+    if participation.alone:
+        metadata["saved_alone"] = True  # the other processes' random states are not in it (loading says so)
     if async_save:
         transaction.write(run_hooks, during="running the save hooks")  # user code: on this thread, collectively
         writer = transaction.writes_shared_files
@@ -134,6 +148,6 @@ def save_state(strategy, targets, project, output_dir=None, safe_serialization: 
     if automatic:  # by every process that wrote a copy (one per machine without a shared file system)
         together("removing old checkpoints",
                  lambda: enforce_total_limit(folder.parent, project.total_limit, keep=folder)
-                 if transaction.writes_shared_files else None)
+                 if transaction.writes_shared_files else None, processes=processes)
     project.iteration += 1
     return str(folder)

@@ -37,6 +37,23 @@ class CheckpointTargets:
     load_hooks: list = field(default_factory=list)
     device: Optional[torch.device] = None
 
+    def run_save_hooks(self, weights: list, folder, unwrap: Callable) -> None:
+        """The ``save_state`` pre-hooks, in order, given the models unwrapped by ``unwrap`` (the reference gives them
+        so; diffusers' hooks call ``save_pretrained`` on them), ``weights`` (remove one to skip saving it) and the
+        folder being written."""
+        models = [unwrap(model) for model in self.models]
+        for hook in list(self.save_hooks):
+            hook(models, weights, str(folder))
+
+    def run_load_hooks(self, folder, unwrap: Callable) -> list:
+        """The ``load_state`` pre-hooks, in order, given the unwrapped models; returns the prepared models still in
+        the list afterwards (a hook removes a model to load it itself)."""
+        unwrapped = [unwrap(model) for model in self.models]
+        remaining = list(unwrapped)
+        for hook in list(self.load_hooks):
+            hook(remaining, str(folder))
+        return [model for model, plain in zip(self.models, unwrapped) if any(plain is kept for kept in remaining)]
+
     def model_of(self, optimizer) -> Optional[torch.nn.Module]:
         """The prepared model whose parameters ``optimizer`` trains (None when it trains none of them).
 

@@ -35,11 +35,12 @@ _OWNER_FILE = ".hasten_owner"
 class SaveTransaction:
     """Stages, writes and completes one checkpoint folder (see the module docstring)."""
 
-    def __init__(self, final: Path, save_on_each_node: bool = False):
+    def __init__(self, final: Path, save_on_each_node: bool = False, processes=None):
         self.final = Path(os.path.abspath(os.fspath(final)))
         self.staging = staging_folder(self.final)
         self.save_on_each_node = save_on_each_node
-        self.state = PartialState()
+        self.processes = processes  # who takes part (participation.py); None: every process
+        self.state = processes or PartialState()
         self.writes_shared_files = False
         self.lock = SaveLock(self.final, self.staging)
 
@@ -65,17 +66,19 @@ class SaveTransaction:
         own_folder = self._own_folder()  # collective: every process takes part
         main = self.state.is_main_process or own_folder
         try:
-            together("preparing the checkpoint folder", lambda: self._claim(token[0]) if main else None)
+            together("preparing the checkpoint folder", lambda: self._claim(token[0]) if main else None,
+                     processes=self.processes)
         except BaseException:
             self.abandon()
             raise
         if self.save_on_each_node and self.state.is_local_main_process and not self.state.is_main_process:
             # another machine: claim a folder of its own unless it shares the main process's file system
-            together("preparing the checkpoint folder", lambda: None if self._sees(token[0]) else self._claim(token[0]))
+            together("preparing the checkpoint folder", lambda: None if self._sees(token[0]) else self._claim(token[0]),
+                     processes=self.processes)
         elif self.save_on_each_node:
-            together("preparing the checkpoint folder", lambda: None)
+            together("preparing the checkpoint folder", lambda: None, processes=self.processes)
         try:
-            together("preparing the checkpoint folder", self._check_visible)
+            together("preparing the checkpoint folder", self._check_visible, processes=self.processes)
         except BaseException:
             self.abandon()
             raise
@@ -103,7 +106,7 @@ class SaveTransaction:
     def write(self, function: Callable[[Path], None], during: str = "writing the checkpoint") -> None:
         """Collective: every process runs ``function(staging_folder)``; on any failure the save is abandoned."""
         try:
-            together(during, function, self.staging)
+            together(during, function, self.staging, processes=self.processes)
         except BaseException:
             self.abandon()
             raise
@@ -118,7 +121,8 @@ class SaveTransaction:
         """Collective: write the completion marker and rename the staging folder into place."""
         try:
             writer = self.writes_shared_files
-            together("completing the checkpoint", lambda: self._complete(metadata) if writer else None)
+            together("completing the checkpoint", lambda: self._complete(metadata) if writer else None,
+                     processes=self.processes)
         except BaseException:
             self.abandon()
             raise

@@ -35,6 +35,16 @@ class ProcessView:
     def is_main_process(self) -> bool:
         return self.process_index == 0
 
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @classmethod
+    def alone(cls, state) -> "ProcessView":
+        """This process as a run of one (collectives over it are local): a save the main process makes alone."""
+        return cls(group=None, num_processes=1, process_index=0, device=state.device,
+                   debug=bool(getattr(state, "debug", False)))
+
     @classmethod
     def of_group(cls, group, state) -> "ProcessView":
         """The view of ``group`` from this process, with the device and debug setting of ``state``."""

@@ -43,6 +43,9 @@ class Strategy:
     checkpoint_io = FullStateCheckpointIO()
     #: engine checkpoints the full-state reader reads whole (another backend's, for loading across strategies)
     engine_checkpoint_formats: tuple = (DeepSpeedCheckpointFormat(),)
+    #: whether one process holds the whole state, so the main process can save a complete checkpoint alone (when
+    #: only it calls ``save_state``, as diffusers' scripts do; ``checkpointing/participation.py``)
+    saves_from_one_process: bool = True
     #: whether ``save_state(async_save=True)`` may write in a background thread (an engine that writes its own
     #: files collectively cannot)
     supports_async_save: bool = True
@@ -119,6 +122,14 @@ class Strategy:
 
     def check_prepare(self, models: Sequence, optimizers: Sequence, schedulers: Sequence) -> None:
         """Refuse, before anything of a ``prepare()`` call is prepared, objects this backend cannot take together."""
+
+    def trains_prepared_parameters(self, optimizer, models: Sequence[nn.Module]) -> bool:
+        """Whether ``optimizer`` may be prepared without its model: every parameter it trains belongs to one of the
+        ``models`` prepared already (transformers' Trainer prepares an FSDP model, then builds the optimizer on the
+        sharded parameters and prepares it alone). A backend whose engine must own the optimizer says False."""
+        prepared = {id(p) for model in models for p in model.parameters()}
+        trained = [p for group in getattr(optimizer, "optimizer", optimizer).param_groups for p in group["params"]]
+        return bool(trained) and all(id(p) in prepared for p in trained)
 
     def accumulation_steps(self, requested: int) -> int:
         """The run's gradient accumulation steps, given the Accelerator's (a backend whose own config sets them

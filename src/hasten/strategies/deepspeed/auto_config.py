@@ -29,9 +29,12 @@ config and by the Accelerator, and differs, is an error naming both: nothing is 
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Optional
 
 __all__ = ["resolved_config", "check_plugin_config", "hidden_size_of", "micro_batch_size"]
+
+logger = logging.getLogger(__name__)
 
 _STAGES = (0, 1, 2, 3)
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -101,7 +104,8 @@ def micro_batch_size(loaders, data_parallel_size: int, is_train_batch_min: bool)
 
 
 class _Filler:
-    """Fills ``"auto"`` values of ``config``; a set value that contradicts what the run says is recorded."""
+    """Fills ``"auto"`` values of ``config``; a set value that differs from what the run says is kept (the config
+    wins, as in the reference) and recorded, to be reported."""
 
     def __init__(self, config: dict):
         self.config = config
@@ -123,7 +127,7 @@ class _Filler:
                                  f"{dotted} to a number in the config.")
             node[key] = value
         elif must_match and value is not None and node[key] != value:
-            self.conflicts.append(f"{dotted}={node[key]!r} in the DeepSpeed config vs {value!r} from {source}")
+            self.conflicts.append(f"{dotted}={node[key]!r} in the DeepSpeed config (used) vs {value!r} from {source}")
 
     def drop_auto(self, dotted: str) -> None:
         parent, _, key = dotted.rpartition(".")
@@ -179,9 +183,12 @@ def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loade
             filler.drop_auto(dotted)
         else:
             filler.fill(dotted, value, f"the model's hidden_size {hidden}", must_match=False)
+    # the placeholders' values fill "auto" only: a number the config sets is the config's (a DummyScheduler's
+    # defaults say nothing; transformers' Trainer fills the config itself)
     if isinstance(optimizer, DummyOptim):
-        filler.fill("optimizer.params.lr", optimizer.lr, "DummyOptim(lr=...)")
-        filler.fill("optimizer.params.weight_decay", optimizer.weight_decay, "DummyOptim(weight_decay=...)")
+        filler.fill("optimizer.params.lr", optimizer.lr, "DummyOptim(lr=...)", must_match=False)
+        filler.fill("optimizer.params.weight_decay", optimizer.weight_decay, "DummyOptim(weight_decay=...)",
+                    must_match=False)
     if isinstance(scheduler, DummyScheduler):
         for key in ("warmup_num_steps", "warmup_max_lr", "warmup_min_lr", "total_num_steps"):
             value = getattr(scheduler, key, None) if hasattr(scheduler, key) else scheduler.kwargs.get(key)
@@ -189,10 +196,25 @@ def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loade
                 value = optimizer.lr
             if key == "warmup_min_lr" and value is None:
                 value = 0
-            filler.fill(f"scheduler.params.{key}", value, f"DummyScheduler({key}=...)")
+            filler.fill(f"scheduler.params.{key}", value, f"DummyScheduler({key}=...)", must_match=False)
+    _check_batch_sizes(config, data_parallel_size)
     if filler.conflicts:
-        raise ValueError("The DeepSpeed config contradicts the run:\n- " + "\n- ".join(filler.conflicts)
-                         + "\nSet these values to 'auto' in the config (they are then taken from the run), or make "
-                           "both sides agree.")
+        logger.warning("The DeepSpeed config sets values that differ from the run; the config's are used:\n- "
+                       + "\n- ".join(filler.conflicts) + "\nSet them to 'auto' in the config to take the run's.")
     return config
+
+
+def _check_batch_sizes(config: dict, data_parallel_size: int) -> None:
+    """DeepSpeed asserts train_batch_size = micro batch x accumulation x data-parallel processes when it builds the
+    engine; said here, before anything is built, with the numbers."""
+    values = [config.get(key) for key in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                          "gradient_accumulation_steps")]
+    if all(isinstance(value, int) and not isinstance(value, bool) for value in values):
+        total, micro, steps = values
+        if total != micro * steps * data_parallel_size:
+            raise ValueError(
+                f"The DeepSpeed config's batch sizes do not multiply out: train_batch_size={total}, but "
+                f"train_micro_batch_size_per_gpu={micro} x gradient_accumulation_steps={steps} x {data_parallel_size} "
+                "data-parallel processes = " f"{micro * steps * data_parallel_size}. Set train_batch_size (or the "
+                "others) to 'auto', or make them agree.")
 

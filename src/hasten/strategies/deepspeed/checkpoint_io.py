@@ -91,8 +91,7 @@ class DeepSpeedCheckpointIO:
         if not any(is_deepspeed_checkpoint(folder / engine_tag(i)) for i in range(len(targets.models))):
             return read_full_state(strategy, folder, marker, targets, load_kwargs, device, strict)  # another strategy's
         check_trusted(folder, marker, load_kwargs)
-        for hook in list(targets.load_hooks):
-            hook(list(targets.models), str(folder))
+        targets.run_load_hooks(folder, strategy.unwrap)  # every engine loads its own checkpoint
         rest = read_full_state(strategy, folder, marker, _without_models(targets), load_kwargs, device, strict)
         loads = []
         for index, model in enumerate(targets.models):

@@ -28,10 +28,13 @@ from torch import nn
 
 from ...config.enums import DistributedType
 from ...core.imports import require_deepspeed
+from ...logging import get_logger
 from ...precision.engine import EnginePrecision
 from ..base import Strategy
 
 __all__ = ["DeepSpeedStrategy", "deepspeed_required"]
+
+logger = get_logger(__name__)
 
 
 @dataclass
@@ -51,7 +54,11 @@ class DeepSpeedStrategy(Strategy):
 
     distributed_type = DistributedType.DEEPSPEED
     prepares_models_with_optimizers = True
+    saves_from_one_process = False  # the engines write their partitions collectively
     supports_async_save = False
+
+    def trains_prepared_parameters(self, optimizer, models) -> bool:
+        return False  # an engine is built from its model and optimizer together
     save_options_accepted = ("exclude_frozen_parameters",)  # engine.save_checkpoint's
 
     def __init__(self, state, settings=None, dims=None, plugin=None):
@@ -215,8 +222,9 @@ class DeepSpeedStrategy(Strategy):
         return DeepSpeedSchedulerWrapper(built[-1], optimizers)
 
     def accumulation_steps(self, requested: int) -> int:
-        """The Accelerator's steps, or the DeepSpeed config's when only that sets them (a number, not "auto");
-        both set and different: an error naming both."""
+        """The Accelerator's steps, or the DeepSpeed config's when it sets them (a number, not "auto"): both set
+        and different, the config's, with a warning, as in the reference (transformers' Trainer fills the config
+        and accumulates itself)."""
         chosen = requested
         for name, plugin in self.plugins.items():
             value = plugin.hf_ds_config.get_value("gradient_accumulation_steps", "auto")
@@ -224,12 +232,11 @@ class DeepSpeedStrategy(Strategy):
                 continue  # a config file without it (the plugin wrote 1): the Accelerator's
             if value == "auto" or value is None or int(value) == chosen:
                 continue
-            if chosen == 1:
-                chosen = int(value)
-                continue
-            where = "the DeepSpeed config" + ("" if name is None else f" of plugin {name!r}")
-            raise ValueError(f"gradient_accumulation_steps is {value} in {where} and {chosen} in Accelerator("
-                             "gradient_accumulation_steps=...): set one of them (or 'auto' in the config).")
+            if chosen != 1:
+                where = "the DeepSpeed config" + ("" if name is None else f" of plugin {name!r}")
+                logger.warning("Gradient accumulation steps mismatch: the Accelerator has %d, %s has %s. Using "
+                               "DeepSpeed's value.", chosen, where, value)
+            chosen = int(value)
         return chosen
 
     # ------------------------------------------------------------ engines
@@ -272,7 +279,12 @@ class DeepSpeedStrategy(Strategy):
         engine = record.engine
         boundary = GradientState().sync_gradients
         engine.set_gradient_accumulation_boundary(boundary)
-        loss = self.normalize_loss(loss, accumulation_steps, num_items_in_batch)
+        # scale_wrt_gas=False (DeepSpeed's keyword; transformers' Trainer passes it): the loss is divided by the
+        # accumulation steps already, so it is not divided again
+        if kwargs.pop("scale_wrt_gas", True):
+            loss = self.normalize_loss(loss, accumulation_steps, num_items_in_batch)
+        elif num_items_in_batch is not None:
+            loss = self.normalize_loss(loss, 1, num_items_in_batch)
         engine.backward(loss, scale_wrt_gas=False, **kwargs)
         record.stepped = False
 

@@ -10,13 +10,18 @@ state_dict_type          model ``i``                                   optimizer
 =======================  ===========================================  =========================================
 
 ``Accelerator.save_state`` / ``load_state`` do all of this atomically, with the rest of the training state; these
-functions are for scripts written against Accelerate's lower-level API. Loading checks names and shapes and reads
-nothing beyond tensors and plain values.
+functions are for scripts and libraries written against Accelerate's lower-level API (transformers' Trainer saves
+and resumes FSDP runs through them). Loading checks names and shapes and reads nothing beyond tensors and plain
+values.
+
+``adapter_only=True`` (transformers passes it for every model) saves and loads only a PEFT model's trainable
+adapter weights, keyed as in the whole model's state dict; for any other model it changes nothing.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -39,12 +44,24 @@ def _strategy(accelerator, what: str):
     return strategy
 
 
-def _kind(fsdp_plugin, use_dcp: bool, adapter_only: bool = False) -> str:
+def _adapter_names(strategy, model, adapter_only: bool) -> Optional[set]:
+    """The names of a PEFT model's trainable (adapter) parameters when only they are saved or loaded; None when the
+    whole model is (``adapter_only`` is False, or the model is not a PEFT model)."""
+    from ...core.modules import is_peft_model
+
+    module = strategy.unwrap(model)
+    if not (adapter_only and is_peft_model(module)):
+        return None
+    return {name for name, parameter in module.named_parameters() if parameter.requires_grad}
+
+
+def _only(state: dict, names: Optional[set]) -> dict:
+    return state if names is None else {key: value for key, value in state.items() if key in names}
+
+
+def _kind(fsdp_plugin, use_dcp: bool) -> str:
     from torch.distributed.fsdp import StateDictType
 
-    if adapter_only:
-        raise not_yet_supported("adapter-only FSDP checkpoints (adapter_only=True, PEFT)",
-                                "save the whole model (adapter_only=False)")
     if fsdp_plugin.state_dict_type == StateDictType.FULL_STATE_DICT:
         return "full"
     if fsdp_plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT and use_dcp:
@@ -70,14 +87,15 @@ def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0, 
     import torch.distributed.checkpoint as dcp
 
     strategy = _strategy(accelerator, "save_fsdp_model")
-    kind = _kind(fsdp_plugin, use_dcp, adapter_only)
+    kind = _kind(fsdp_plugin, use_dcp)
+    names = _adapter_names(strategy, model, adapter_only)
     os.makedirs(output_dir, exist_ok=True)
     if kind == "full":
-        state = strategy.model_state_dict(model, full=True)
+        state = _only(strategy.model_state_dict(model, full=True), names)
         if accelerator.is_main_process:
             torch.save(state, Path(output_dir) / _numbered(_MODEL, model_index))
     else:
-        dcp.save({"model": strategy.sharded_model_state_dict(model)},
+        dcp.save({"model": _only(strategy.sharded_model_state_dict(model), names)},
                  checkpoint_id=str(Path(output_dir) / f"{_MODEL}_{model_index}"))
     accelerator.wait_for_everyone()
 
@@ -87,17 +105,18 @@ def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index=0, a
     from .sharded_io import empty_like
 
     strategy = _strategy(accelerator, "load_fsdp_model")
-    kind = _kind(fsdp_plugin, use_dcp, adapter_only)
+    kind = _kind(fsdp_plugin, use_dcp)
+    names = _adapter_names(strategy, model, adapter_only)
     if kind == "full":
         path = Path(input_dir) / _numbered(_MODEL, model_index)
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = _only(torch.load(path, map_location="cpu", weights_only=True), names)
     else:
         folder = Path(input_dir) / f"{_MODEL}_{model_index}"
         folder = folder if folder.is_dir() else Path(input_dir)  # the model's DCP folder itself
-        state = {"model": empty_like(strategy.sharded_model_state_dict(model))}
+        state = {"model": empty_like(_only(strategy.sharded_model_state_dict(model), names))}
         _load_shards(state, folder)
         state = state["model"]
-    strategy.load_model_state_dict(model, state)
+    strategy.load_model_state_dict(model, state, strict=names is None)  # an adapter is part of the model
     accelerator.wait_for_everyone()
 
 
@@ -128,7 +147,7 @@ def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, o
     from .sharded_io import empty_like
 
     strategy = _strategy(accelerator, "load_fsdp_optimizer")
-    kind = _kind(fsdp_plugin, use_dcp, adapter_only)
+    kind = _kind(fsdp_plugin, use_dcp)  # adapter_only: the optimizer trains the adapter's parameters only anyway
     if kind == "full":
         named = torch.load(Path(input_dir) / _numbered("optimizer", optimizer_index), map_location="cpu",
                            weights_only=True)

@@ -5,6 +5,10 @@ the state dicts through ``torch.distributed.checkpoint.state_dict`` (which serve
 Here: the plugin's FSDP1 options go to the wrapper (sharding strategy, backward / forward prefetch, CPU offload,
 mixed precision, auto-wrap policy, ignored modules, ``sync_module_states`` + ``param_init_fn``,
 ``limit_all_gathers``, ``use_orig_params``); on the CPU the wrapper is told its device (``device_id=cpu``).
+
+``sync_module_states=True`` (transformers' default) needs a GPU in torch's FSDP1; on the CPU the same thing is done
+before wrapping: modules on the meta device are materialised with ``param_init_fn``, then every parameter and
+buffer is broadcast from rank 0 (``torch.distributed.utils._sync_module_states``, DDP's own).
 """
 from __future__ import annotations
 
@@ -23,14 +27,14 @@ class FSDP1Strategy(FSDP2Strategy):
 
     fsdp_version = 1
 
-    def __init__(self, state, kwargs_handlers=None, dims=None, plugin=None):
+    def __init__(self, state, settings=None, dims=None, plugin=None):
         offload = getattr(getattr(plugin, "cpu_offload", None), "offload_params", False)
         if offload and state.device.type == "cpu":
             raise ValueError(
                 "FSDP1 with cpu_offload=True cannot run on the CPU: torch's FSDP1 offload pins the shards for a GPU "
                 "and fails without one, and on the CPU the parameters are in CPU memory already. Remove cpu_offload "
                 "(FSDP_OFFLOAD_PARAMS=false), or use fsdp_version=2, whose CPU offload works here.")
-        super().__init__(state, kwargs_handlers, dims, plugin)
+        super().__init__(state, settings, dims, plugin)
         self._layouts: dict = {}  # id(user's module) -> its full state dict's names, on meta (see expected_state_dict)
 
     def expected_state_dict(self, model: nn.Module, keep_vars: bool = False) -> dict:
@@ -69,6 +73,9 @@ class FSDP1Strategy(FSDP2Strategy):
         ignored = ignored_parameters(model, self.plugin.ignored_modules)
         if ignored:
             options["ignored_states"] = list(ignored)
+        if options["sync_module_states"] and self.state.device.type == "cpu":
+            _sync_from_rank_zero(model, self.plugin.param_init_fn, ignored)
+            options.update(sync_module_states=False, param_init_fn=None)
         self._layouts[id(model)] = _meta_copy(model.state_dict(keep_vars=True))
         wrapped = FullyShardedDataParallel(model, **options)
         if self.plugin.activation_checkpointing:
@@ -82,7 +89,8 @@ class FSDP1Strategy(FSDP2Strategy):
             super()._repoint_optimizers(optimizers, originals, prepared)
             return
         flat = [p for model in prepared for p in model.parameters()]
-        for optimizer in optimizers:
+        optimizers = [o for o in optimizers if any(id(p) in originals for g in o.param_groups for p in g["params"])]
+        for optimizer in optimizers:  # (an optimizer built on a prepared model's flat parameters stays as it is)
             if optimizer.state:
                 super()._repoint_optimizers([optimizer], originals, prepared)  # raises the "already stepped" error
             if len(optimizer.param_groups) != 1:
@@ -167,3 +175,18 @@ def _meta_copy(state: dict) -> dict:
         else:
             result[name] = value
     return result
+
+
+def _sync_from_rank_zero(model: nn.Module, param_init_fn, ignored) -> None:
+    """What FSDP1's ``sync_module_states`` does on GPUs, for CPU processes: materialise modules built on the meta
+    device (``param_init_fn``, as FSDP1 would), then give every rank rank 0's parameters and buffers."""
+    import torch.distributed as dist
+    from torch.distributed.utils import _sync_module_states
+
+    if param_init_fn is not None:
+        for module in list(model.modules()):
+            if any(t.device.type == "meta" for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]):
+                param_init_fn(module)
+    skip = {name for name, parameter in model.named_parameters() if parameter in set(ignored or ())}
+    _sync_module_states(model, dist.group.WORLD, broadcast_bucket_size=250 * 1024 * 1024, src=0,
+                        params_and_buffers_to_ignore=skip)

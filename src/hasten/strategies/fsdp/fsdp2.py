@@ -30,6 +30,7 @@ class FSDP2Strategy(Strategy):
 
     distributed_type = DistributedType.FSDP
     prepares_models_with_optimizers = True
+    saves_from_one_process = False  # every rank holds shards
     fsdp_version = 2
 
     def __init__(self, state, settings=None, dims=None, plugin=None):
@@ -103,8 +104,10 @@ class FSDP2Strategy(Strategy):
             model = self.shard_model(self.precision.wrap_forward(model))
             prepared.append(compile_model(model) if compile_model is not None else model)
         for optimizer in optimizers:  # names in the optimizer's own order: its state's positions in a checkpoint
-            self._optimizer_names[id(optimizer)] = [[originals.get(id(p), "") for p in group["params"]]
-                                                    for group in optimizer.param_groups]
+            if any(id(p) in originals for group in optimizer.param_groups for p in group["params"]):
+                self._optimizer_names[id(optimizer)] = [[originals.get(id(p), "") for p in group["params"]]
+                                                        for group in optimizer.param_groups]
+            # else: built on parameters sharded already (prepared after its model): named from the model itself
         self._repoint_optimizers(optimizers, originals, prepared)
         return prepared, [self.prepare_optimizer(o) for o in optimizers]
 
@@ -112,7 +115,9 @@ class FSDP2Strategy(Strategy):
         """Point the optimizers at the sharded parameters that replaced the originals (matched by name)."""
         sharded = {clean_name(n): p for model in prepared for n, p in self.unwrap(model).named_parameters()}
         for optimizer in optimizers:
-            _repoint(optimizer, originals, sharded)
+            if any(id(p) in originals for group in optimizer.param_groups for p in group["params"]):
+                _repoint(optimizer, originals, sharded)
+            # else: built on the parameters of a model prepared before (the Accelerator checked), nothing to re-point
 
     def shard_model(self, model: nn.Module) -> nn.Module:
         """Shard ``model`` in place (wrap units, then the root) and return it."""

@@ -108,8 +108,7 @@ class ShardedCheckpointIO:
         if not (folder / sharded_model_folder(0)).is_dir() and targets.models:
             return read_full_state(strategy, folder, marker, targets, load_kwargs, device, strict)  # full files
         weights_only = bool((load_kwargs or {}).get("weights_only", True))  # False: a trusted checkpoint
-        for hook in list(targets.load_hooks):
-            hook(list(targets.models), str(folder))
+        targets.run_load_hooks(folder, strategy.unwrap)  # every model loads its shards
         rest = dataclasses.replace(targets, models=[], optimizers=[], load_hooks=[])
         loaded = read_full_state(strategy, folder, marker, rest, load_kwargs, device, strict)
         for index, model in enumerate(targets.models):
