@@ -81,3 +81,28 @@ def assert_checkpoint_loads_on_one_process(model, checkpoint, weights_file) -> N
     loaded = model.state_dict()
     assert loaded.keys() == expected.keys()
     assert all(torch.equal(loaded[key], expected[key]) for key in expected)
+
+
+def site_packages_without(tmp_path, *names: str) -> Path:
+    """A copy of this interpreter's site-packages (links to every entry) without the distributions ``names``
+    (their packages and .dist-info folders): where a test must show that something works with them absent."""
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    mirror = Path(tmp_path) / "site-packages"
+    mirror.mkdir(parents=True, exist_ok=True)
+    for entry in site.iterdir():
+        if any(entry.name == name or entry.name.startswith(f"{name}-") for name in names):
+            continue
+        if not (mirror / entry.name).is_symlink():  # a second call in the same test reuses the mirror
+            (mirror / entry.name).symlink_to(entry)
+    return mirror
+
+
+def python_with_site(mirror: Path) -> list:
+    """The command that runs a script with ``mirror`` as the only site-packages (its .pth files processed, so the
+    editable install and hasten's start-up hook work): ``[*python_with_site(mirror), script, *args]``."""
+    bootstrap = ("import runpy, site, sys; sys.path[:] = [p for p in sys.path if 'site-packages' not in p]; "
+                 f"site.addsitedir({str(mirror)!r}); script = sys.argv[1]; sys.argv = sys.argv[1:]; "
+                 "sys.path.insert(0, __import__('os').path.dirname(script)); runpy.run_path(script, run_name='__main__')")
+    return [sys.executable, "-S", "-c", bootstrap]

@@ -384,17 +384,21 @@ def split_for_process(inputs, num_processes: int, process_index: int, apply_padd
     per_process, extras = divmod(length, num_processes)
     start = process_index * per_process + min(process_index, extras)
     end = start + per_process + (1 if process_index < extras else 0)
+    missing = per_process + (1 if extras else 0) - (end - start) if apply_padding and length else 0
+    if _is_datasets_dataset(inputs):  # slicing a datasets.Dataset gives a dict of columns; select keeps a Dataset
+        return inputs.select(list(range(start, end)) + [length - 1] * missing)
     share = inputs[start:end]
-    if not apply_padding or length == 0:
-        return share
-    target = per_process + (1 if extras else 0)
-    missing = target - (end - start)
     if missing == 0:
         return share
     if isinstance(inputs, torch.Tensor):
         return torch.cat([share, inputs[-1:].expand(missing, *inputs.shape[1:])], dim=0)
     filler = [inputs[-1]] * missing
     return share + type(share)(filler) if isinstance(share, tuple) else share + filler
+
+
+def _is_datasets_dataset(inputs) -> bool:
+    """Whether ``inputs`` is a Hugging Face ``datasets.Dataset`` (rows chosen with ``select``), without importing it."""
+    return type(inputs).__module__.startswith("datasets.") and callable(getattr(inputs, "select", None))
 
 
 class AcceleratorState:

@@ -7,13 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, clean_env
+from helpers import ROOT, clean_env, python_with_site, site_packages_without
 
 REFERENCE_VERSION = "1.15.0"
 
@@ -125,31 +124,21 @@ def test_a_variable_set_in_the_process_before_any_accelerate_import_counts():
 
 def test_the_switch_works_where_the_real_accelerate_is_not_installed(tmp_path):
     """A site-packages without accelerate (every other entry linked in), the start-up hook among its .pth files."""
-    site = Path(sysconfig.get_paths()["purelib"])
-    mirror = tmp_path / "site"
-    mirror.mkdir()
-    for entry in site.iterdir():
-        if entry.name.split("-")[0].lower() in ("accelerate",) or entry.name.startswith("accelerate"):
-            continue
-        (mirror / entry.name).symlink_to(entry)
-    code = textwrap.dedent(f"""
-        import site, sys
-        sys.path[:] = [p for p in sys.path if "site-packages" not in p]
-        site.addsitedir({str(mirror)!r})  # runs the .pth files: the editable path and hasten's start-up hook
+    mirror = site_packages_without(tmp_path, "accelerate")
+    probe = tmp_path / "probe.py"
+    probe.write_text("import importlib.metadata as md\ntry:\n    md.version('accelerate')\n"
+                     "except md.PackageNotFoundError:\n    print('NOT INSTALLED')\n")
+    absent = subprocess.run([*python_with_site(mirror), str(probe)], capture_output=True, text=True, env=clean_env(),
+                            cwd=ROOT, timeout=240)
+    assert "NOT INSTALLED" in absent.stdout, absent.stdout + absent.stderr  # the mirror really has no accelerate
+    script = tmp_path / "identity.py"
+    script.write_text(textwrap.dedent(f"""
         import importlib.util
         assert importlib.util.find_spec("accelerate").origin.startswith({str(ROOT / "src")!r})
-    """) + textwrap.dedent(IDENTITY)
-    probe = run_python(f"""
-        import sys; sys.path[:] = [p for p in sys.path if "site-packages" not in p]
-        import site; site.addsitedir({str(mirror)!r})
-        import importlib.metadata
-        try:
-            importlib.metadata.version("accelerate")
-        except importlib.metadata.PackageNotFoundError:
-            print("NOT INSTALLED")
-    """, args=["-S"])
-    assert "NOT INSTALLED" in probe.stdout  # the mirror really has no accelerate
-    assert "SWITCH OK" in run_python(code, switch="1", args=["-S"]).stdout
+    """) + textwrap.dedent(IDENTITY))
+    result = subprocess.run([*python_with_site(mirror), str(script)], capture_output=True, text=True,
+                            env=clean_env(HASTEN_AS_ACCELERATE="1"), cwd=ROOT, timeout=240)
+    assert "SWITCH OK" in result.stdout, result.stdout + result.stderr
 
 
 def test_hasten_launch_as_accelerate_sets_the_variable_for_the_workers(tmp_path):

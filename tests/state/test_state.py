@@ -84,6 +84,15 @@ def test_split_types_tensor_tuple_dict():
     assert second["a"] == [3, 3] and torch.equal(second["b"], torch.tensor([2, 2]))
 
 
+def test_split_a_datasets_dataset_gives_datasets_of_rows():
+    datasets = pytest.importorskip("datasets")
+    rows = datasets.Dataset.from_list([{"k": v} for v in range(5)])
+    shares = _shares(rows, 2)
+    assert all(isinstance(share, datasets.Dataset) for share in shares)
+    assert [share["k"] for share in shares] == [[0, 1, 2], [3, 4]]
+    assert [share["k"] for share in _shares(rows, 3, pad=True)] == [[0, 1], [2, 3], [4, 4]]
+
+
 def test_split_bad_input():
     with pytest.raises(ValueError, match="same length"):
         split_for_process({"a": [1, 2], "b": [1]}, 2, 0)

@@ -122,13 +122,16 @@ def test_compilation_comes_after_the_strategys_wrapper(monkeypatch):
 def test_a_strategy_that_needs_model_and_optimizer_together_refuses_them_apart():
     accelerator = Accelerator(cpu=True)
     accelerator.strategy.prepares_models_with_optimizers = True
-    model = nn.Linear(2, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    accelerator.prepare(model)
+    prepared = accelerator.prepare(nn.Linear(2, 2))
+    stranger = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)  # trains no prepared model
     with pytest.raises(ValueError, match=r"model, optimizer = accelerator.prepare\(model, optimizer\)"):
-        accelerator.prepare(optimizer)
+        accelerator.prepare(stranger)
     assert accelerator.checkpoint_targets().optimizers == []  # nothing was registered
-    accelerator.prepare(nn.Linear(2, 2), torch.optim.SGD(model.parameters(), lr=0.1))  # together: fine
+    # built on the prepared model's parameters, as transformers' Trainer does with FSDP: it may come alone
+    on_prepared = accelerator.prepare(torch.optim.SGD(prepared.parameters(), lr=0.1))
+    assert accelerator.checkpoint_targets().optimizers == [on_prepared]
+    model = nn.Linear(2, 2)
+    accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))  # together: fine
 
 
 # ------------------------------------------------------------------------------------------ checkpointing
@@ -246,7 +249,7 @@ def test_a_config_file_selecting_megatron_lm_reaches_the_plugin_of_the_launched_
                       "plugin = accelerator.state.megatron_lm_plugin\n"
                       "print('TYPE', accelerator.distributed_type, plugin.gradient_clipping, plugin.recompute_activations)\n")
     result = run_launch(script, num_processes=None, launch_args=["--config_file", str(config)])
-    assert "TYPE MEGATRON_LM 0.25 True" in result.stdout, result.stdout + result.stderr
+    assert "TYPE DistributedType.MEGATRON_LM 0.25 True" in result.stdout, result.stdout + result.stderr
 
 
 def test_the_data_parallel_layout_and_per_rank_checkpoint_files_on_two_processes(tmp_path):

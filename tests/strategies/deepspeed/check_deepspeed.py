@@ -17,6 +17,8 @@ Prints ``DEEPSPEED CHECKS PASSED``.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -81,6 +83,23 @@ def auto_config(stage: int) -> dict:
                                   "stage3_param_persistence_threshold": "auto"}}
 
 
+@contextlib.contextmanager
+def captured_warnings():
+    """The messages hasten's loggers emit in the block."""
+    messages = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler, logger = Keep(level=logging.WARNING), logging.getLogger("hasten")
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+
+
 def check_auto_filling_and_conflicts() -> None:
     accelerator = fresh_accelerator(mixed_precision="bf16", gradient_accumulation_steps=2,
                                     deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=auto_config(3)))
@@ -101,24 +120,31 @@ def check_auto_filling_and_conflicts() -> None:
     conflicting["train_micro_batch_size_per_gpu"] = 8
     accelerator = fresh_accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=conflicting))
     model = Net()
-    expect_error(lambda: accelerator.prepare(model, torch.optim.AdamW(model.parameters()),
-                                             DataLoader(data(), batch_size=4)),
-                 "train_micro_batch_size_per_gpu=8", "4")
+    with captured_warnings() as messages:  # as in the reference: the config's value is used, the difference said
+        engine, _, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters()),
+                                           DataLoader(data(), batch_size=4))
+    assert engine.train_micro_batch_size_per_gpu() == 8, engine.train_micro_batch_size_per_gpu()
+    if accelerator.is_main_process:
+        assert any("train_micro_batch_size_per_gpu=8" in m and "4 from" in m for m in messages), messages
     arithmetic = auto_config(2)
     arithmetic.update(train_batch_size=100, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=1)
     accelerator = fresh_accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=arithmetic))
     model = Net()
     expect_error(lambda: accelerator.prepare(model, torch.optim.AdamW(model.parameters()),
                                              DataLoader(data(), batch_size=4)), "train_batch_size=100",
-                 "micro batch 4 x accumulation 1 x 2 data-parallel processes")
+                 "train_micro_batch_size_per_gpu=4 x gradient_accumulation_steps=1 x 2 data-parallel processes = 8")
     steps = auto_config(2)
     steps["gradient_accumulation_steps"] = 4
-    expect_error(lambda: fresh_accelerator(gradient_accumulation_steps=2,
-                                           deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=steps)), "4", "2",
-                 "gradient_accumulation_steps")
+    with captured_warnings() as messages:  # both set and different: DeepSpeed's, as in the reference
+        both = fresh_accelerator(gradient_accumulation_steps=2, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=steps))
+    assert both.gradient_accumulation_steps == 4, both.gradient_accumulation_steps
+    if both.is_main_process:
+        assert any("Gradient accumulation steps mismatch" in m and "Using DeepSpeed's value" in m
+                   for m in messages), messages
     adopted = fresh_accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=steps))
     assert adopted.gradient_accumulation_steps == 4, adopted.gradient_accumulation_steps
-    say(adopted, "ok: contradictions name both values; the config's accumulation steps are adopted")
+    say(adopted, "ok: the config's values are used with a warning naming both; batch sizes that do not multiply out "
+             "are refused; the config's accumulation steps are adopted")
 
 
 def check_boundary_and_bad_input(work: Path) -> None:

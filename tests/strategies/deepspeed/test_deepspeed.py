@@ -6,6 +6,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -130,19 +132,23 @@ def test_the_plugins_gradient_clipping_and_dummy_scheduler_fill_their_auto_value
                                              "total_num_steps": 100}
 
 
-def test_config_values_that_contradict_the_run_are_all_named_with_both_sides():
+def test_config_values_that_differ_from_the_run_are_used_and_all_named_with_both_sides(caplog):
+    """As in the reference: a number the config sets is the engine's; the warning names every difference."""
     plugin = _auto_plugin(train_micro_batch_size_per_gpu=16, gradient_accumulation_steps=5)
-    with pytest.raises(ValueError) as caught:
-        resolved_config(plugin, model=nn.Linear(1, 1), loaders=[_loader(4)], accumulation_steps=2,
-                        data_parallel_size=2)
-    message = str(caught.value)
-    assert "train_micro_batch_size_per_gpu=16" in message and "4" in message
+    with caplog.at_level(logging.WARNING):
+        config = resolved_config(plugin, model=nn.Linear(1, 1), loaders=[_loader(4)], accumulation_steps=2,
+                                 data_parallel_size=2)
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (16, 5)
+    assert config["train_batch_size"] == 16 * 5 * 2  # the "auto" filled from the values the engine uses
+    message = caplog.text
+    assert "train_micro_batch_size_per_gpu=16" in message and "4 from" in message
     assert "gradient_accumulation_steps=5" in message and "Accelerator(gradient_accumulation_steps=...)" in message
 
 
 def test_batch_sizes_that_do_not_multiply_out_are_refused():
     plugin = _auto_plugin(train_batch_size=30, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2)
-    with pytest.raises(ValueError, match=r"train_batch_size=30.*micro batch 4 x accumulation 2 x 2"):
+    with pytest.raises(ValueError, match=r"train_batch_size=30, but train_micro_batch_size_per_gpu=4 x "
+                                         r"gradient_accumulation_steps=2 x 2 data-parallel processes = 16"):
         resolved_config(plugin, model=nn.Linear(1, 1), loaders=[], accumulation_steps=2, data_parallel_size=2)
 
 

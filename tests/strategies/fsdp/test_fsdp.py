@@ -73,7 +73,7 @@ def test_a_config_files_fsdp_config_reaches_the_plugin_and_flags_win(tmp_path):
                                        "  fsdp_min_num_params: 10\n")
     result = run_launch(script, num_processes=None, launch_args=["--config_file", str(config),
                                                                  "--fsdp_activation_checkpointing", "true"])
-    assert result.stdout.count("CHOSEN FSDP2Strategy FSDP 2 10 True") == 2, result.stdout
+    assert result.stdout.count("CHOSEN FSDP2Strategy DistributedType.FSDP 2 10 True") == 2, result.stdout
 
 
 def test_an_unknown_fsdp_config_key_stops_the_launch(tmp_path):

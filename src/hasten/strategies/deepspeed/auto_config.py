@@ -163,10 +163,10 @@ def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loade
                 "train_micro_batch_size_per_gpu in the DeepSpeed config.")
     filler.fill("train_micro_batch_size_per_gpu", micro, "the prepared DataLoader's batch size per process")
     filler.fill("gradient_accumulation_steps", accumulation_steps, "Accelerator(gradient_accumulation_steps=...)")
-    micro_value = config.get("train_micro_batch_size_per_gpu")
-    if isinstance(micro_value, int):
-        filler.fill("train_batch_size", micro_value * accumulation_steps * data_parallel_size,
-                    f"micro batch {micro_value} x accumulation {accumulation_steps} x {data_parallel_size} "
+    micro_value, steps_value = config.get("train_micro_batch_size_per_gpu"), config.get("gradient_accumulation_steps")
+    if isinstance(micro_value, int) and isinstance(steps_value, int):  # the values the engine will use
+        filler.fill("train_batch_size", micro_value * steps_value * data_parallel_size,
+                    f"micro batch {micro_value} x accumulation {steps_value} x {data_parallel_size} "
                     "data-parallel processes")
     clipping = plugin.gradient_clipping if plugin.gradient_clipping not in (None, "auto") else 1.0
     filler.fill("gradient_clipping", clipping, "DeepSpeedPlugin(gradient_clipping=...)", must_match=False)

@@ -33,7 +33,7 @@ def main() -> None:
         check(int(token.item()) == 12345, f"broadcast from process 0 delivered {token.item()}")
     state.wait_for_everyone()
     if state.is_main_process:
-        print(f"hasten sanity check passed: {world} process(es), {state.distributed_type}, "
+        print(f"hasten sanity check passed: {world} process(es), {state.distributed_type.value}, "
               f"backend {state.backend or 'none'}, device {state.device}", flush=True)
     state.destroy_process_group()
 
