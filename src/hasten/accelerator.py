@@ -373,6 +373,9 @@ class Accelerator:
             raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects; give "
                              "one bool per object passed to prepare().")
         result = list(args)
+        for obj in args:  # prepared by another Accelerator (one before a reset): kept as it is, and known here
+            if self._kind(obj) is not None and obj not in self._prepared and self._is_prepared(obj):
+                self._remember(obj, self._registry(self._kind(obj)))
         fresh = [i for i, obj in enumerate(args) if self._kind(obj) is not None and not self._is_prepared(obj)]
         kinds = {i: self._kind(args[i]) for i in fresh}
         # a backend refuses what it cannot take before anything is prepared
@@ -396,6 +399,8 @@ class Accelerator:
                 result[i] = model
             for i, optimizer in zip(optimizer_ids, optimizers):
                 result[i] = optimizer
+            for i in [i for i in fresh if kinds[i] == "data_loader"] if model_ids else []:
+                result[i] = self.strategy.sequence_parallel_loader(result[i], result[model_ids[0]])  # DeepSpeed SP
 
         for i in fresh:
             if kinds[i] == "scheduler":
@@ -415,15 +420,35 @@ class Accelerator:
             return "data_loader"
         return None
 
+    @property
+    def deepspeed_config(self) -> dict:
+        """The DeepSpeed config the last engine was built from, its "auto" values filled (after ``prepare`` under
+        DeepSpeed; before that, or under another backend, there is none: AttributeError, as in the reference)."""
+        config = getattr(self.strategy, "deepspeed_config", None)
+        if config is None:
+            raise AttributeError("'Accelerator' object has no attribute 'deepspeed_config': it exists after "
+                                 "prepare() built a DeepSpeed engine.")
+        return config
+
     def _is_prepared(self, obj) -> bool:
-        return isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler)) or obj in self._prepared
+        return (isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler)) or obj in self._prepared
+                or getattr(obj, "_is_accelerate_prepared", False) is True)
+
+    def _registry(self, kind: str) -> list:
+        return {"model": self._models, "optimizer": self._optimizers, "scheduler": self._schedulers,
+                "data_loader": self._dataloaders}[kind]
 
     def _placement(self, value: Optional[bool]) -> bool:
         return self.device_placement if value is None else bool(value)
 
     def _remember(self, obj, registry: list):
-        registry.append(obj)
+        if obj not in registry:
+            registry.append(obj)
         self._prepared.add(obj)
+        try:  # the reference's mark, which clients (transformers) read to skip preparing twice
+            obj._is_accelerate_prepared = True
+        except (AttributeError, TypeError):
+            pass
         return obj
 
     def _prepare_training(self, models, optimizers, model_placement, optimizer_placement, evaluation_mode=False,
@@ -639,9 +664,10 @@ class Accelerator:
         return any(len(getattr(module, "hf_device_map", None) or {}) > 1 for module in model.modules())
 
     def deepspeed_ulysses_dl_adapter(self, dl, model):
-        """The loader for DeepSpeed Ulysses sequence parallelism; ``dl`` itself without it (sequence-parallel
-        size 1, as here)."""
-        return dl
+        """``dl`` fed to the sequence-parallel group through DeepSpeed's Ulysses adapter (``prepare`` does it for
+        loaders prepared with the model; call this for one prepared apart, after the model); ``dl`` itself without
+        DeepSpeed sequence parallelism."""
+        return self.strategy.sequence_parallel_loader(dl, model)
 
     def unscale_gradients(self, optimizer=None) -> None:
         """Divide fp16-scaled gradients by the loss scale (done for you before clipping)."""

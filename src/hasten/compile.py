@@ -83,7 +83,7 @@ def apply_dynamo_plugin(model: nn.Module, plugin) -> nn.Module:
     """Compile ``model`` as the ``TorchDynamoPlugin`` says (unchanged when compilation is off)."""
     if plugin is None or not plugin.enabled:
         return model
-    kwargs = plugin.to_kwargs()
+    kwargs = plugin.compile_kwargs()
     if plugin.use_regional_compilation:
         return compile_regions(model, **kwargs)
     return compile_model(model, **kwargs)

@@ -42,8 +42,13 @@ class _NamedEntrypoint:
 
     def __call__(self, *args):
         from .commands.parent_watch import end_with_parent
+        from .state import AcceleratorState, GradientState
 
         end_with_parent(self.launcher_pid)
+        # a forked worker inherits the launching process's state objects (a notebook or a test suite that made an
+        # Accelerator before): this process starts its own, as a launched one does
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
         return self.function(*args)
 
 
@@ -71,13 +76,16 @@ def _default_start_method() -> str:
 def notebook_launcher(function: Callable, args=(), num_processes=None, mixed_precision="no", use_port="29500",
                       master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
                       rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
-                      log_line_prefix_template=None, start_method=None):
+                      log_line_prefix_template=None, start_method=None, *, _always_launch: bool = False):
     """Run ``function(*args)`` on ``num_processes`` processes of this machine (default: one per GPU, else 1).
 
     ``function`` is any callable (a function, a ``functools.partial``, an object with ``__call__``). Works on
     CPU-only machines too (gloo). ``use_port="0"`` picks a free port; a busy port is an error.
     Returns what ``function`` returned on each local process, as a dict ``{local_rank: value}``, when more
-    than one process ran, else the value itself.
+    than one process ran, else the value itself. One process runs ``function`` in this process (``debug_launcher``
+    starts one all the same). Each started process begins with fresh state: an Accelerator created in the notebook
+    before does not leak into it (a process group or CUDA started here does stop the launch: they cannot be
+    forked).
     """
     import torch
     import torch.distributed as dist
@@ -88,20 +96,13 @@ def notebook_launcher(function: Callable, args=(), num_processes=None, mixed_pre
         num_processes = torch.cuda.device_count() or 1
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes must be a positive int, got {num_processes!r}.")
-    if num_processes == 1 and num_nodes == 1:
+    if num_processes == 1 and num_nodes == 1 and not _always_launch:
         with patch_environment(**{env_name("mixed_precision"): precision}):
             return function.function(*args)  # this process: no parent to follow
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError(
             "A torch.distributed process group already exists in this process; notebook_launcher must start from "
             "a fresh process. Restart the notebook and do not create the Accelerator/PartialState before launching."
-        )
-    from .state import PartialState
-
-    if PartialState._shared_state:
-        raise RuntimeError(
-            "PartialState/Accelerator was already created in this process. Create it inside the launched function, "
-            "not in the notebook, then restart the notebook and launch again."
         )
     port = find_free_port() if str(use_port) == "0" else int(use_port)
     if rdzv_backend == "static" and num_nodes == 1 and is_port_in_use(port, master_addr):
@@ -132,6 +133,6 @@ def notebook_launcher(function: Callable, args=(), num_processes=None, mixed_pre
 
 def debug_launcher(function: Callable, args=(), num_processes: int = 2):
     """Run ``function(*args)`` (any callable) on ``num_processes`` CPU processes of this machine, for tests and
-    debugging."""
+    debugging: always started processes, one included, so nothing it creates stays in this process."""
     with patch_environment(**{env_name("use_cpu"): "true"}):
-        return notebook_launcher(function, args, num_processes=num_processes, use_port="0")
+        return notebook_launcher(function, args, num_processes=num_processes, use_port="0", _always_launch=True)

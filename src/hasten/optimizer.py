@@ -65,7 +65,6 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.scaler = scaler
         self.device_placement = device_placement
         self.gradient_state = GradientState()
-        self._step_was_skipped = False
         self._is_overflow = False
         if device_placement and PartialState._shared_state:
             move_optimizer_state(self.optimizer, PartialState().device)
@@ -114,22 +113,22 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         """Take the optimizer step when gradients are synchronised; a no-op while accumulating."""
         if not self.gradient_state.sync_gradients:
-            self._step_was_skipped = False
+            self._is_overflow = False
             return None
         if self.scaler is None or not self.scaler.is_enabled():
-            self._step_was_skipped = False
+            self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         scale_before = self.scaler.get_scale()
         result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
         self.scaler.update()
         # The scaler lowers its scale exactly when it found inf/NaN gradients and skipped the step.
-        self._step_was_skipped = self.scaler.get_scale() < scale_before
+        self._is_overflow = self.scaler.get_scale() < scale_before
         return result
 
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last ``step()`` was skipped because of an fp16 gradient overflow."""
-        return self._step_was_skipped
+        return self._is_overflow
 
     def train(self):
         """Switch schedule-free style optimizers to training mode (no-op for others)."""

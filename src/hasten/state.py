@@ -211,6 +211,15 @@ class PartialState:
         # without an active exception"); tear down the one we created, after the script's own atexit hooks.
         atexit.register(_destroy_process_group_at_exit)
 
+    def start_single_process_group(self) -> None:
+        """A process group of this one process, for the backends that need one even alone (FSDP shards over a
+        mesh of one, as torch allows), unless one exists. No rendezvous: an in-memory store."""
+        if self.num_processes != 1 or dist.is_initialized():
+            return
+        dist.init_process_group(_BACKEND.get(self.device.type, "gloo"), store=dist.HashStore(), rank=0, world_size=1)
+        atexit.register(_destroy_process_group_at_exit)
+        self.backend = dist.get_backend()
+
     # ------------------------------------------------------------------ facts
     def __repr__(self) -> str:
         return (
@@ -559,7 +568,12 @@ class AcceleratorState:
         partial = self.__dict__.get("_partial")
         if partial is None:  # an instance exists, so the state was there: it was reset
             raise _reset_error("AcceleratorState", name)
-        return getattr(partial, name)
+        if not partial.__dict__:  # the PartialState under it was reset
+            raise _reset_error("PartialState", name)
+        try:
+            return getattr(partial, name)
+        except AttributeError:  # a name neither has: said of this object
+            raise AttributeError(f"'AcceleratorState' object has no attribute {name!r}") from None
 
     def __repr__(self) -> str:
         return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\n"

@@ -85,6 +85,24 @@ def test_prepare_keeps_order_types_and_already_prepared_objects():
     assert accelerator.prepare_model(out[1]) is out[1]
 
 
+def test_prepared_objects_carry_the_references_mark_and_a_later_accelerator_keeps_them():
+    """transformers reads ``_is_accelerate_prepared`` to skip preparing twice; a prepared loader carries the run's
+    ``gradient_state``; an object a previous Accelerator prepared comes back as it is, and is known."""
+    from hasten.state import AcceleratorState
+
+    accelerator = Accelerator()
+    model = make_model()
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                                   torch.utils.data.DataLoader(data, batch_size=4))
+    assert all(obj._is_accelerate_prepared is True for obj in (model, optimizer, loader))
+    assert loader.gradient_state.__dict__ is accelerator.gradient_state.__dict__  # one shared state
+    AcceleratorState._reset_state(True)
+    second = Accelerator()
+    assert second.prepare(model) is model and model in second._models
+    assert second.prepare(optimizer) is optimizer and optimizer in second._optimizers
+
+
 def test_prepare_warns_about_foreign_optimizers_and_checks_device_placement(caplog):
     # unknown objects pass through prepare() unchanged: tests/accelerator/test_loop_behaviour.py
     accelerator = Accelerator()
@@ -440,3 +458,20 @@ def test_step_counter_is_the_accumulation_position():
     accelerator.step = 0
     with accelerator.accumulate(model):
         assert not accelerator.sync_gradients and accelerator.step == 1
+
+
+def test_a_skipped_optimizer_step_leaves_the_scheduler_where_it_is():
+    """An overflowed (skipped) step must not advance the schedule; the flag is the reference's ``_is_overflow``,
+    which scripts and tests set themselves."""
+    accelerator = Accelerator()
+    model = nn.Linear(2, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda n: 1 - n / 10)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    optimizer._is_overflow = False
+    scheduler.step()
+    assert scheduler.get_last_lr()[0] == 0.9
+    optimizer._is_overflow = True
+    assert optimizer.step_was_skipped and accelerator.optimizer_step_was_skipped
+    scheduler.step()
+    assert scheduler.get_last_lr()[0] == 0.9

@@ -103,6 +103,43 @@ def test_skip_first_batches_of_a_prepared_loader_keeps_its_epoch():
     assert loader.iteration == 3
 
 
+@pytest.mark.parametrize("loader_class", [DataLoaderShard, DataLoaderDispatcher])
+def test_set_epoch_reaches_the_sampler_under_a_plain_batch_sampler_and_skipping_keeps_it(loader_class):
+    """A user's batch sampler with set_epoch does not forward it to its index sampler: the loader reaches both,
+    and skip_first_batches does not move the sampler back to epoch 0."""
+    from torch.utils.data import BatchSampler
+
+    class EpochBatches(BatchSampler):
+        epoch = 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    data = list(range(16))
+    sampler = SeedableRandomSampler(data)
+    batches = EpochBatches(sampler, batch_size=4, drop_last=False)
+    loader = loader_class(data, batch_sampler=batches)
+    loader.set_epoch(1)
+    assert sampler.epoch == 1 and batches.epoch == 1
+    next(iter(skip_first_batches(loader, num_batches=2)))
+    assert sampler.epoch == 1
+
+
+@pytest.mark.parametrize("dispatch", [False, True])
+def test_a_skipping_loader_given_to_prepare_keeps_its_skip_also_when_pickled(dispatch):
+    """skip_first_batches(raw loader) then prepare(): the prepared loader starts after the skipped batches, its
+    len() says so, and a pickled Accelerator's copy (taken before any pass) does the same."""
+    fresh()
+    plain = DataLoader(TensorDataset(torch.arange(10)))
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
+    whole, skipping = accelerator.prepare(plain, skip_first_batches(plain, 2))
+    copy = pickle.loads(pickle.dumps(accelerator))._dataloaders[1]
+    expected = [batch[0].tolist() for batch in whole][2:]
+    for loader in (skipping, copy):
+        assert len(loader) == 8
+        assert [batch[0].tolist() for batch in loader] == expected
+
+
 # ------------------------------------------------------------------ 3. prepare() and other objects
 def test_prepare_returns_objects_it_does_not_know_unchanged():
     accelerator = Accelerator(cpu=True)

@@ -93,13 +93,23 @@ def test_sync_scenarios_under_hasten_launch_on_a_loaded_cpu():
 
 
 def test_sync_scenarios_under_debug_launcher_on_a_loaded_cpu():
+    """As a test suite calls it: one process first, then an Accelerator made in the launching process itself (a
+    test before), then the two-process run, whose workers must start from their own state."""
     driver = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(HERE)!r})
         import stress_sync
-        from hasten import debug_launcher
+        from hasten import Accelerator, debug_launcher
 
+        def alone():
+            accelerator = Accelerator()
+            assert accelerator.num_processes == 1, accelerator.num_processes
+            print("debug_launcher: 1 process OK", flush=True)
+
+        debug_launcher(alone, num_processes=1)
+        Accelerator(cpu=True)
         debug_launcher(stress_sync.main, args=({ROUNDS},), num_processes=2)
     """)
     result = _run_loaded([sys.executable, "-c", driver])
+    assert "debug_launcher: 1 process OK" in result.stdout, result.stdout[-2000:]
     assert f"stress_sync OK: {ROUNDS} rounds on 2 processes" in result.stdout

@@ -150,3 +150,27 @@ def test_hasten_launch_as_accelerate_sets_the_variable_for_the_workers(tmp_path)
     assert build_plan(args, None, None).env["HASTEN_AS_ACCELERATE"] == "1"
     args = launch_command_parser().parse_args(["-n", "2", str(script)])
     assert "HASTEN_AS_ACCELERATE" not in build_plan(args, None, None).env
+
+
+def test_accelerates_logger_names_reach_hastens_records():
+    """Code written for Accelerate listens on its logger names (``assertLogs("accelerate.utils.environment")``, a
+    handler on ``logging.getLogger("accelerate")``): with the switch they are hasten's loggers at the same path."""
+    result = run_python("""
+        import logging, unittest
+        import accelerate
+        from accelerate.utils import FullyShardedDataParallelPlugin
+        from accelerate.utils.environment import convert_dict_to_env_variables
+        assert logging.getLogger("accelerate") is logging.getLogger("hasten")
+        assert logging.getLogger("accelerate.big_modeling") is logging.getLogger("hasten.big_modeling")
+        case = unittest.TestCase()
+        with case.assertLogs("accelerate.utils.environment", level="WARNING"):
+            convert_dict_to_env_variables({"GOOD": "1", "BAD NAME": "<x"})
+        with case.assertLogs("accelerate.utils.dataclasses", level="WARNING") as captured:
+            FullyShardedDataParallelPlugin(fsdp_version=2, backward_prefetch="BACKWARD_PRE")
+        assert any("backward_prefetch is not supported in FSDP2" in line for line in captured.output), captured.output
+        assert logging.getLogger("transformers").name == "transformers"  # other names untouched
+        print("LOGGERS OK")
+    """, switch="1")
+    assert "LOGGERS OK" in result.stdout
+    off = run_python("import logging; assert logging.getLogger('accelerate').name == 'accelerate'; print('OFF OK')")
+    assert "OFF OK" in off.stdout

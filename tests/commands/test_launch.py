@@ -70,6 +70,28 @@ def test_a_failing_rank_ends_the_job_quickly_with_its_traceback(tmp_path):
     assert "passed the barrier" not in output
 
 
+def test_launch_command_called_in_process_raises_when_the_job_fails(tmp_path):
+    """Accelerate's ``launch_command(args)`` from Python (tools and tests call it): a failed job raises
+    ``CalledProcessError`` with its exit status instead of returning it; a job that succeeds returns None."""
+    failing, passing = tmp_path / "fails.py", tmp_path / "passes.py"
+    failing.write_text("import sys\nsys.exit(3)\n")
+    passing.write_text("print('fine')\n")
+    program = (
+        "import subprocess, sys\n"
+        "from hasten.commands.launch import launch_command, launch_command_parser\n"
+        "parser = launch_command_parser()\n"
+        f"print('RESULT', launch_command(parser.parse_args(['--num_processes', '1', {str(passing)!r}])))\n"
+        "try:\n"
+        f"    launch_command(parser.parse_args(['--num_processes', '1', {str(failing)!r}]))\n"
+        "except subprocess.CalledProcessError as failure:\n"
+        "    print('RAISED', failure.returncode, failure.cmd[1])\n"
+    )
+    with _one_multiprocess_job_at_a_time():
+        result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                                env=isolated_env(tmp_path), timeout=180)
+    assert "RESULT None" in result.stdout and f"RAISED 3 {failing}" in result.stdout, result.stdout + result.stderr
+
+
 def test_module_form_driven_by_a_config_file(tmp_path):
     package = tmp_path / "launch_probe_pkg"
     package.mkdir()

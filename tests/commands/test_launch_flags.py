@@ -163,3 +163,39 @@ def test_ready_backends_flags_reach_the_plugin_variables(script):
         "HASTEN_MEGATRON_LM_TP_DEGREE": "2"}
     with pytest.raises(NotYetSupportedError, match="TPU"):
         plan_for(["--tpu", script])
+
+
+# ------------------------------------------------------------------------------------- the launch's value wins
+def test_a_flag_wins_over_the_same_setting_inherited_from_the_shell_under_another_name(script):
+    """ACCELERATE_MIXED_PRECISION=fp16 left in the shell, `--mixed_precision bf16` given: the workers see bf16 under
+    both names (not two values to refuse), and the launcher says which variable it overrode."""
+    args = launch_command_parser().parse_args(["--mixed_precision", "bf16", "--num_processes", "1", script])
+    plan = build_plan(args, environ={"ACCELERATE_MIXED_PRECISION": "fp16", "ACCELERATE_USE_CPU": "true"},
+                      cpu_count=8, count_accelerators=lambda: 0, find_free_port=lambda: 41234,
+                      is_port_in_use=lambda port, host: False)
+    assert plan.env["HASTEN_MIXED_PRECISION"] == plan.env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert "ACCELERATE_USE_CPU" not in plan.env  # not set by this launch: inherited as it is
+    assert any("overrides ACCELERATE_MIXED_PRECISION='fp16' inherited from the environment" in note
+               for note in plan.notes), plan.notes
+
+
+def test_an_inherited_alias_that_agrees_with_the_launch_is_left_alone(script):
+    args = launch_command_parser().parse_args(["--mixed_precision", "bf16", script])
+    plan = build_plan(args, environ={"ACCELERATE_MIXED_PRECISION": "bf16"}, cpu_count=8,
+                      count_accelerators=lambda: 0, find_free_port=lambda: 41234,
+                      is_port_in_use=lambda port, host: False)
+    assert "ACCELERATE_MIXED_PRECISION" not in plan.env and not any("overrides" in note for note in plan.notes)
+
+
+def test_validate_launch_command_fills_unset_flags_from_the_config_file(tmp_path, script):
+    """Accelerate's private helper (its own tests and some tools call it): the config file fills what the command
+    line left unset, sections included; given flags stay."""
+    from hasten.commands.launch import _validate_launch_command
+
+    config = tmp_path / "config.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndebug: true\nnum_processes: 1\ndistributed_type: 'NO'\n"
+                      "mixed_precision: bf16\nfsdp_config:\n  fsdp_sync_module_states: false\n")
+    args = launch_command_parser().parse_args(["--num_processes", "2", "--config_file", str(config), script])
+    args, defaults, precision_from_config = _validate_launch_command(args)
+    assert args.debug is True and args.num_processes == 2 and args.fsdp_sync_module_states is False
+    assert defaults["mixed_precision"] == "bf16" and precision_from_config is True

@@ -76,15 +76,16 @@ def test_dynamo_plugin_defaults_environment_and_conflicts(monkeypatch):
     monkeypatch.setenv("HASTEN_DYNAMO_USE_REGIONAL_COMPILATION", "1")
     plugin = TorchDynamoPlugin()
     assert plugin.backend == DynamoBackend.INDUCTOR and plugin.enabled and plugin.use_regional_compilation
-    assert plugin.to_kwargs()["backend"] == "inductor"
+    assert plugin.compile_kwargs()["backend"] == "inductor"
+    assert plugin.to_kwargs() == {"backend": "inductor", "use_regional_compilation": True}  # what differs from default
     with pytest.raises(ConfigConflictError, match="HASTEN_DYNAMO_BACKEND"):
         TorchDynamoPlugin(backend="eager")
     monkeypatch.delenv("HASTEN_DYNAMO_BACKEND")
     with pytest.raises(ValueError, match="mode"):
         TorchDynamoPlugin(mode="fastest")
-    with_options = TorchDynamoPlugin(backend="eager", options={"x": 1}).to_kwargs()
+    with_options = TorchDynamoPlugin(backend="eager", options={"x": 1}).compile_kwargs()
     assert "mode" not in with_options and with_options["options"] == {"x": 1}
-    compiled = torch.compile(torch.nn.Linear(2, 2), **TorchDynamoPlugin(backend="eager", disable=True).to_kwargs())
+    compiled = torch.compile(torch.nn.Linear(2, 2), **TorchDynamoPlugin(backend="eager", disable=True).compile_kwargs())
     compiled(torch.ones(1, 2))
 
 

@@ -178,10 +178,19 @@ def test_passing_the_batch_size_is_a_clear_error(fast_gc):
     assert tried == [8]
 
 
-@pytest.mark.parametrize("bad", [0, -4, 2.5, True, "64"])
+@pytest.mark.parametrize("bad", [-4, 2.5, True, "64"])
 def test_bad_starting_batch_size(bad):
     with pytest.raises(ValueError, match="starting_batch_size"):
         find_executable_batch_size(lambda batch_size: None, starting_batch_size=bad)
+
+
+def test_a_starting_batch_size_of_zero_is_taken_and_the_call_says_it_reached_zero():
+    """As in the reference: decorating works, calling raises (the function never runs)."""
+    ran = []
+    train = find_executable_batch_size(lambda batch_size: ran.append(batch_size), starting_batch_size=0)
+    with pytest.raises(RuntimeError, match="No executable batch size found, reached zero.*starting_batch_size=0"):
+        train()
+    assert ran == []
 
 
 def test_memory_is_freed_before_each_retry(fast_gc):

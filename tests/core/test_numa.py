@@ -127,7 +127,7 @@ def test_bad_index(pinned, bad):
 
 def test_verbose_logs_the_assignment(pinned, tmp_path, caplog, monkeypatch):
     fake_sysfs(tmp_path, {0: "0-1"})
-    with caplog.at_level(logging.INFO, logger="hasten.core.numa"):
+    with caplog.at_level(logging.INFO, logger="hasten.utils.environment"):
         override_numa_affinity(0, verbose=False)
         assert caplog.records == []
         override_numa_affinity(0, verbose=True)

@@ -72,7 +72,7 @@ def test_len_of_an_unsized_stream_is_a_type_error():
 
 
 def test_split_batches_needs_a_divisible_batch_size():
-    with pytest.raises(ValueError, match=r"batch size \(1\) must be a multiple of the number of processes \(2\)"):
+    with pytest.raises(ValueError, match=r"batch size \(1\) must be a round multiple of the number of processes \(2\)"):
         IterableDatasetShard(Numbers(4), batch_size=1, num_processes=2, split_batches=True)
     with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
         IterableDatasetShard(Numbers(4), batch_size=0)

@@ -206,7 +206,7 @@ def test_generator_rng_type_is_dropped_without_a_generator_and_the_list_is_not_c
 # ------------------------------------------------------------------ bad input
 def test_split_batches_with_an_indivisible_batch_size():
     for dataset in (range(12), Stream(12)):
-        with pytest.raises(ValueError, match=r"batch size \(3\) must be a multiple of the number of processes \(2\)"):
+        with pytest.raises(ValueError, match=r"batch size \(3\) must be a round multiple of the number of processes \(2\)"):
             prepare_data_loader(DataLoader(dataset, batch_size=3), num_processes=2, process_index=0,
                                 split_batches=True, dispatch_batches=False)
 

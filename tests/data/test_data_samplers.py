@@ -159,7 +159,7 @@ def test_skipping_does_not_walk_the_skipped_indices(monkeypatch):
 
 # ------------------------------------------------------------------ errors
 def test_split_batches_needs_a_divisible_batch_size():
-    with pytest.raises(ValueError, match=r"batch size \(3\) must be a multiple of the number of processes \(2\)"):
+    with pytest.raises(ValueError, match=r"batch size \(3\) must be a round multiple of the number of processes \(2\)"):
         BatchSamplerShard(BatchSampler(range(8), 3, False), 2, 0, split_batches=True)
     with pytest.raises(ValueError, match="batch_size=None"):
         BatchSamplerShard(VariableBatches([[0]]), 2, 0, split_batches=True)

@@ -335,3 +335,43 @@ def test_meshes_ranks_and_dp_groups_on_real_processes(world):
     result = run_launch("check_parallel_dims.py", num_processes=world)
     count = sum(1 for _ in shapes(world) if _["sp"] == 1)
     assert f"PARALLEL DIMS CHECKS PASSED world={world} shapes={count}" in result.stdout
+
+
+def test_build_device_mesh_leaves_the_world_to_torch_when_no_process_group_exists(monkeypatch):
+    """No process group and no launcher (a test with torch's init_device_mesh replaced, a tool planning a layout):
+    the mesh of the config's sizes is asked of torch, which decides about the world; the flattened dimensions are
+    built from lists of names."""
+    import torch.distributed.device_mesh as device_mesh
+    from hasten.parallel import ParallelismConfig
+
+    built = {}
+
+    class FakeMesh:
+        def __init__(self, shape, names):
+            self.shape, self.mesh_dim_names, self.flattened = shape, names, []
+
+        def __getitem__(self, names):
+            mesh = self
+
+            class Sub:
+                def _flatten(self, name):
+                    mesh.flattened.append((names, name))
+                    return name
+            return Sub()
+
+    def fake_init(device_type, mesh_shape, mesh_dim_names):
+        built["mesh"] = FakeMesh(tuple(mesh_shape), tuple(mesh_dim_names))
+        return built["mesh"]
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(device_mesh, "init_device_mesh", fake_init)
+    mesh = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=2).build_device_mesh("cpu")
+    assert mesh.shape == (2, 2, 2) and mesh.mesh_dim_names == ("dp_replicate", "dp_shard", "tp")
+    assert (["dp_replicate", "dp_shard"], "dp") in mesh.flattened
+
+
+def test_an_unknown_cp_comm_strategy_keeps_the_references_phrase():
+    from hasten.parallel.config import TorchContextParallelConfig
+
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: invalid"):
+        TorchContextParallelConfig(cp_comm_strategy="invalid")

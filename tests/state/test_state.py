@@ -221,3 +221,16 @@ def test_compatibility_import_paths():
     for module in ("hasten.data_loader", "hasten.big_modeling", "hasten.hooks", "hasten.state", "hasten.logging",
                    "hasten.optimizer", "hasten.scheduler", "hasten.launchers", "hasten.local_sgd"):
         importlib.import_module(module)
+
+
+def test_an_unknown_attribute_is_said_of_the_accelerator_state_and_a_reset_says_so():
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    with pytest.raises(AttributeError, match="'AcceleratorState' object has no attribute 'someotherthing'") as error:
+        accelerator.state.someotherthing
+    assert "_reset_state()" not in str(error.value)
+    accelerator.state._reset_state()
+    with pytest.raises(AttributeError, match=r"`AcceleratorState` object has no attribute.*This happens if "
+                                             r"`AcceleratorState._reset_state\(\)`"):
+        accelerator.num_processes

@@ -4,7 +4,7 @@ Run by tests/strategies/test_strategy_seam.py under ``hasten launch -n 2``:
 
 1. ``ParallelismConfig(dp_replicate_size=2)``: DDP over the run's one DeviceMesh (``torch_device_mesh``), the same
    data split and results as without a config;
-2. ``ParallelismConfig(tp_size=2)`` with no tensor-parallel backend: NotYetSupportedError on every process;
+2. ``ParallelismConfig(sp_size=2)`` without DeepSpeed (its backend): a ValueError on every process;
 3. a stand-in model-parallel strategy whose layout is ``tp=2`` (both processes are one data-parallel rank, each
    holding a whole replica): both processes get every batch, ``gather_for_metrics`` / ``gather`` / ``reduce`` count
    each sample once, ``num_items_in_batch`` is normalised over the data-parallel size (1), not over 2 processes;
@@ -27,7 +27,6 @@ from hasten.checkpointing.checkpoint_io import FullStateCheckpointIO
 from hasten.parallel import ParallelDims
 from hasten.state import AcceleratorState
 from hasten.strategies import DDPStrategy
-from hasten.core.planned import NotYetSupportedError
 
 
 def check(condition: bool, what: str) -> None:
@@ -55,11 +54,11 @@ def replicated_config() -> None:
 def unbuilt_backend_refused() -> None:
     try:
         Accelerator(cpu=True, parallelism_config=ParallelismConfig(sp_size=2))
-    except NotYetSupportedError as error:
-        check("sp_size=2" in str(error), str(error))
+    except ValueError as error:  # sequence parallelism is DeepSpeed's (ALST / Ulysses)
+        check("sp_size=2" in str(error) and "needs DeepSpeed" in str(error), str(error))
     else:
-        check(False, "sp_size=2 without a sequence-parallel backend was accepted")
-    print("ok: sp_size=2 refused until its backend exists", flush=True)
+        check(False, "sp_size=2 without DeepSpeed was accepted")
+    print("ok: sp_size=2 refused without its backend, DeepSpeed", flush=True)
 
 
 class ReplicaPerTensorRank(DDPStrategy):

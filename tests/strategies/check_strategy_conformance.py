@@ -66,6 +66,8 @@ if importlib.util.find_spec("deepspeed"):
                                                 "mixed_precision": "bf16"}, "DeepSpeedStrategy")
     STRATEGIES["zero2_offload"] = (2, {"deepspeed_plugin": DeepSpeedPlugin(
         zero_stage=2, offload_optimizer_device="cpu")}, "DeepSpeedStrategy")
+    # no "ds_sp2": DeepSpeed sequence parallelism (Ulysses) splits attention heads of a transformers model, not this
+    # MLP; tests/strategies/deepspeed/check_sequence_parallel.py compares it with one process within TOLERANCE
     STRATEGIES["zero3_offload"] = (2, {"deepspeed_plugin": DeepSpeedPlugin(
         zero_stage=3, offload_optimizer_device="cpu", offload_param_device="cpu")}, "DeepSpeedStrategy")
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32 on CPU; only the reduction order differs between strategies

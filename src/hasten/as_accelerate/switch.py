@@ -11,6 +11,8 @@ import sys
 import types
 from pathlib import Path
 
+from .logger_names import alias_logger_names, unalias_logger_names
+
 __all__ = ["ACCELERATE_API_VERSION", "install_as_accelerate", "is_installed_as_accelerate", "uninstall_as_accelerate"]
 
 #: The Accelerate release whose API hasten implements: what ``accelerate.__version__`` and the metadata answer.
@@ -131,6 +133,7 @@ def install_as_accelerate() -> None:
     sys.meta_path[:] = [finder for finder in sys.meta_path if type(finder).__name__ != "Refusal"]  # a fixed variable
     sys.meta_path.insert(0, _FINDER)
     importlib.invalidate_caches()
+    alias_logger_names()
 
 
 def uninstall_as_accelerate() -> None:
@@ -140,3 +143,4 @@ def uninstall_as_accelerate() -> None:
     for name in [name for name in sys.modules if name == _ALIAS or name.startswith(_ALIAS + ".")]:
         del sys.modules[name]
     importlib.invalidate_caches()
+    unalias_logger_names()

@@ -83,7 +83,7 @@ def check_registrable(objects) -> list:
     for position, obj in enumerate(objects):
         missing = [name for name in ("state_dict", "load_state_dict") if not callable(getattr(obj, name, None))]
         if missing:
-            invalid.append(f"argument {position} ({_describe(obj)}) has no {' and no '.join(missing)}")
+            invalid.append(f"Item at index {position} ({_describe(obj)}) has no {' and no '.join(missing)}")
     if invalid:
         raise ValueError(
             "register_for_checkpointing takes objects with state_dict() and load_state_dict() methods (their "

@@ -254,10 +254,45 @@ def main() -> None:
     sys.exit(cli_main(["launch", *sys.argv[1:]]))
 
 
-# Accelerate's entry points. It picks a launcher per backend; hasten runs every job, one process or many,
-# through torchrun's agent (DeepSpeed across machines: DeepSpeed's runner, when asked for), and the backends it
-# does not have yet end with NotYetSupportedError.
-launch_command = simple_launcher = multi_gpu_launcher = run
+def _validate_launch_command(args):
+    """Accelerate's helper of the same name: ``args`` with every setting it leaves unset taken from the config file
+    (``--config_file``, else the default one), checked as ``hasten launch`` checks them; returns ``(args, defaults,
+    mp_from_config_flag)``: the config file's contents (None without one) and whether ``mixed_precision`` came
+    from it. Sections (``fsdp_config``, ``deepspeed_config``, ``dynamo_config`` ...) fill their flags
+    (``fsdp_<key>``) the same way. Flags given on the command line are kept."""
+    from .launch_plan import resolve_settings
+
+    path, config = load_launch_config(args.config_file)
+    values, sources, _ = resolve_settings(args, config, path)
+    for name, value in values.items():
+        if getattr(args, name, None) is None and value is not None:
+            setattr(args, name, value)
+    for section, entries in (config or {}).items():
+        if not isinstance(entries, dict):
+            continue
+        prefix = {"fsdp_config": "fsdp_", "fp8_config": "fp8_", "dynamo_config": "dynamo_"}.get(section, "")
+        for key, value in entries.items():
+            flag = key if key.startswith(prefix) else prefix + key
+            if hasattr(args, flag) and getattr(args, flag) is None:
+                setattr(args, flag, value)
+    return args, config, sources.get("mixed_precision") == "config file"
+
+
+def launch_command(args) -> None:
+    """Accelerate's in-process entry point: run the job like ``hasten launch``; a job that fails raises
+    ``subprocess.CalledProcessError`` with its exit status (a caller must never read a failure as success).
+
+    Accelerate picks a launcher per backend; hasten runs every job, one process or many, through torchrun's agent
+    (DeepSpeed across machines: DeepSpeed's runner, when asked for).
+    """
+    code = run(args)
+    if code:
+        command = [sys.executable, str(getattr(args, "training_script", "") or ""),
+                   *map(str, getattr(args, "training_script_args", None) or ())]
+        raise subprocess.CalledProcessError(returncode=code, cmd=command)
+
+
+simple_launcher = multi_gpu_launcher = launch_command
 
 
 def deepspeed_launcher(args) -> int:

@@ -488,6 +488,24 @@ def worker_env(values: dict, sources: dict, config: Optional[Mapping], config_pa
     return env
 
 
+def launch_values_win(env: Mapping, environ: Mapping, notes: list) -> dict:
+    """The other names of each ``HASTEN_*`` variable this launch sets (``ACCELERATE_*``, bare ``FSDP_*`` ...) that
+    the parent environment holds with another value, set to the launch's value: the workers would otherwise see
+    two values for one setting and refuse both. One note per override."""
+    from ..core.env_aliases import setting_variables
+
+    follow = {}
+    for name, value in env.items():
+        if not name.startswith("HASTEN_"):
+            continue
+        for alias in setting_variables(name)[1:]:
+            if alias in environ and environ[alias] != value:
+                follow[alias] = value
+                notes.append(f"hasten launch: this launch's {name}={value} overrides {alias}={environ[alias]!r} "
+                             "inherited from the environment.")
+    return follow
+
+
 def torchrun_arguments(args, values: dict, per_machine: int, port: Optional[int], restartable: Optional[str],
                        rdzv_id: Optional[str] = None) -> list:
     """torchrun's command line: the layout, the rendezvous, then the runner (or executable) and its arguments."""
@@ -571,6 +589,7 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
     env.update(parallel_env)
     if getattr(args, "as_accelerate", False):  # the workers' `import accelerate` is hasten (as_accelerate/)
         env["HASTEN_AS_ACCELERATE"] = "1"
+    env.update(launch_values_win(env, environ, notes))
     rdzv_id = f"slurm-{layout.job_id}" if layout is not None and layout.job_id else None
     torchrun = torchrun_arguments(args, values, per_machine, port, restartable, rdzv_id)
     runner = None

@@ -54,7 +54,12 @@ def run(args) -> int:
     return 1
 
 
-test_command = run
+def test_command(args) -> None:
+    """Accelerate's in-process entry point: like ``hasten test``; a failed check raises ``RuntimeError`` (a caller
+    must never read a failure as success)."""
+    if run(args):
+        raise RuntimeError("hasten test failed: the sanity check did not pass on this configuration (its output "
+                           "above names the process and the cause).")
 
 
 def test_command_parser(subparsers=None) -> argparse.ArgumentParser:

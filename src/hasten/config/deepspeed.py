@@ -139,6 +139,25 @@ _PLUGIN_TO_CONFIG = {
 }
 
 
+
+def _stage(what: str):
+    """A ZeRO stage: 0-3, also spelled as DeepSpeed's stage names ("zero2", "ZeRO-3", "stage_1")."""
+    number = as_int(what, choices=(0, 1, 2, 3))
+
+    def parse(value):
+        if not isinstance(value, str):
+            return number(value)
+        text = value.strip().lower().replace("-", "").replace("_", "")
+        for prefix in ("zero", "stage"):
+            text = text[len(prefix):] if text.startswith(prefix) else text
+        try:
+            return number(text)
+        except ValueError:
+            raise ValueError(f"{what} must be a ZeRO stage, 0, 1, 2 or 3 (or its name, such as 'zero2'), got "
+                             f"{value!r}.") from None
+
+    return parse
+
 @dataclass
 class DeepSpeedPlugin:
     """Options of DeepSpeed ZeRO; each has Accelerate's meaning.
@@ -178,7 +197,7 @@ class DeepSpeedPlugin:
             setting="gradient_accumulation_steps")
         self.gradient_clipping = self._env("gradient_clipping", "auto", _auto_or(_positive_float(
             what("gradient_clipping"))), setting="gradient_clipping")
-        self.zero_stage = self._env("zero_stage", 2, as_int(what("zero_stage"), choices=(0, 1, 2, 3)))
+        self.zero_stage = self._env("zero_stage", 2, _stage(what("zero_stage")))
         for device in ("offload_optimizer_device", "offload_param_device"):
             setattr(self, device, self._env(device, "none", as_choice(what(device), _OFFLOAD_DEVICES)))
         for path in ("offload_optimizer_nvme_path", "offload_param_nvme_path"):

@@ -75,6 +75,15 @@ class TorchDynamoPlugin:
         return values
 
     def to_kwargs(self) -> dict:
+        """The fields whose value differs from a plugin made in a clean environment (no ``*_DYNAMO_*`` variables),
+        as Accelerate's kwargs handlers answer; ``compile_kwargs`` gives what ``torch.compile`` takes."""
+        from ..core.env_vars import clear_environment
+
+        with clear_environment():
+            defaults = type(self)().to_dict()
+        return {key: value for key, value in self.to_dict().items() if defaults.get(key) != value}
+
+    def compile_kwargs(self) -> dict:
         """Keyword arguments for ``torch.compile``."""
         kwargs = {"backend": self.backend.value.lower(), "mode": self.mode, "fullgraph": self.fullgraph,
                   "dynamic": self.dynamic, "disable": self.disable}

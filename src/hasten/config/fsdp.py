@@ -27,7 +27,7 @@ from .env_fields import as_bool, as_int, from_env
 
 __all__ = ["FullyShardedDataParallelPlugin", "get_module_class_from_name"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("hasten.utils.dataclasses")  # the name Accelerate logs these under (as_accelerate/logger_names.py)
 
 _MIXED_PRECISION_DTYPES = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16,
                            "fp32": torch.float32}
@@ -159,7 +159,8 @@ class FullyShardedDataParallelPlugin:
 
         self.backward_prefetch = self._env("backward_prefetch", None, prefetch)
         if v2 and self.backward_prefetch is not None:
-            notes.add("backward_prefetch does not exist in FSDP2; it is set to None.")
+            notes.add("backward_prefetch is not supported in FSDP2. Setting backward prefetch to None (FSDP2 prefetches "
+                      "by itself).")
             self.backward_prefetch = None
 
         self.set_state_dict_type()
@@ -174,7 +175,8 @@ class FullyShardedDataParallelPlugin:
         if v1:
             self.forward_prefetch = self._flag("forward_prefetch")
         elif self.forward_prefetch is not None:
-            raise ValueError("forward_prefetch does not exist in FSDP2: leave it unset or use fsdp_version=1.")
+            raise ValueError("forward_prefetch is not yet implemented in FSDP2: leave it unset (None) or use "
+                             "fsdp_version=1.")
 
         self.activation_checkpointing = self._flag("activation_checkpointing")
         self.activation_checkpointing_offload = self._flag("activation_checkpointing_offload")

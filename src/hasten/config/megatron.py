@@ -24,7 +24,7 @@ __all__ = [
     "parse_bert_config", "parse_gpt2_config", "parse_t5_config", "parse_llama_config", "parse_glm4_moe_config",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("hasten.utils.dataclasses")  # the name Accelerate logs these under (as_accelerate/logger_names.py)
 
 _LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 _WEIGHT_DECAY_STYLES = ("constant", "linear", "cosine")

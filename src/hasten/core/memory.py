@@ -97,8 +97,9 @@ def _check_batch_size_not_passed(function: Callable, args: tuple, kwargs: dict) 
 
 
 def _check_starting_batch_size(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"starting_batch_size must be a positive int, got {value!r}.")
+    """A non-negative int; 0 is taken (as in the reference): the first call then raises "reached zero"."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"starting_batch_size must be a non-negative int, got {value!r}.")
     return value
 
 
@@ -150,7 +151,9 @@ def find_executable_batch_size(function: Optional[Callable] = None, starting_bat
                 raise RuntimeError(
                     f"No executable batch size found, reached zero: `{function.__name__}` ran out of memory at "
                     f"every batch size from {starting_batch_size} down. Reduce the model or sequence size, or "
-                    "free memory held elsewhere."
+                    "free memory held elsewhere." if starting_batch_size else
+                    f"No executable batch size found, reached zero: `{function.__name__}` was given "
+                    "starting_batch_size=0. Start from a positive batch size."
                 )
             try:
                 return function(batch_size, *args, **kwargs)

@@ -29,7 +29,7 @@ from .env_aliases import get_flag_setting
 
 __all__ = ["set_numa_affinity", "override_numa_affinity", "NumaUnavailableError", "parse_cpu_list"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("hasten.utils.environment")  # the name Accelerate logs these under (as_accelerate/logger_names.py)
 
 # Root of the sysfs tree; tests point it at a fake tree.
 SYSFS_ROOT = Path("/sys")

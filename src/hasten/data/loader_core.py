@@ -50,6 +50,16 @@ _PASS_ATTRIBUTES = {"_iterator": None, "_active_copy": None, "_position": 0, "_p
 _BATCH_SAMPLER_EXCLUSIVE = {"batch_size": 1, "shuffle": None, "sampler": None, "drop_last": False}
 
 
+class _ItselfOnInstances:
+    """``loader.base_dataloader``: the loader itself (Accelerate's wrappers keep the real loader there; a prepared
+    loader is the real loader). Asked of the class, there is no loader: AttributeError, as in the reference."""
+
+    def __get__(self, loader, owner=None):
+        if loader is None:
+            raise AttributeError(f"base_dataloader is an attribute of a {owner.__name__} object, not of the class.")
+        return loader
+
+
 def loader_options(dataloader: DataLoader, stateful: bool) -> dict:
     """The settings of ``dataloader`` that a loader rebuilt from it keeps (all but its batching)."""
     names = _CARRIED_OPTIONS + (_STATEFUL_OPTIONS if stateful else ())
@@ -124,10 +134,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         return state
 
     # ------------------------------------------------------------------ compatibility
-    @property
-    def base_dataloader(self):
-        """The loader itself (Accelerate's wrappers keep the real loader here; this one is the real loader)."""
-        return self
+    base_dataloader = _ItselfOnInstances()
 
     def get_sampler(self):
         return get_sampler(self)
@@ -147,10 +154,14 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         """Set the epoch: it picks the shuffle of seeded samplers and datasets (forwarded to all that take one)."""
         self.iteration = epoch
         batching = self.batch_sampler if self.batch_sampler is not None else self.sampler
-        # a BatchSamplerShard forwards to what it wraps; a plain batch sampler does not: reach its sampler
-        for target in (batching if hasattr(batching, "set_epoch") else get_sampler(self), self.dataset):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
+        from .batch_shard import BatchSamplerShard, SampleShard
+
+        # hasten's shards forward the epoch to what they wrap; a plain batch sampler does not: reach its sampler too
+        forwards = isinstance(batching, (BatchSamplerShard, SampleShard)) and hasattr(batching, "set_epoch")
+        candidates = (batching,) + (() if forwards else (get_sampler(self),)) + (self.dataset,)
+        targets = {id(target): target for target in candidates if target is not None and hasattr(target, "set_epoch")}
+        for target in targets.values():
+            target.set_epoch(epoch)
 
     def _owned_generators(self) -> dict:
         """Generators whose state decides this pass's order (and is not rebuilt from the epoch)."""

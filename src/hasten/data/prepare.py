@@ -74,7 +74,13 @@ def prepare_data_loader(
         use_seedable_sampler=use_seedable_sampler, data_seed=data_seed, non_blocking=non_blocking,
         use_stateful_dataloader=use_stateful_dataloader, torch_device_mesh=torch_device_mesh,
     )
-    return _build(request)
+    prepared = _build(request)
+    pending = getattr(dataloader, "_pending_skip", 0) if isinstance(dataloader, DataLoaderShard) else 0
+    if pending:  # skip_first_batches(loader, n) given to prepare: the prepared loader skips them too
+        from .resume import skip_first_batches
+
+        prepared = skip_first_batches(prepared, pending)
+    return prepared
 
 
 def _build(request: LoaderRequest) -> DataLoader:

@@ -17,6 +17,12 @@ class DataLoaderStateMixin:
     end_of_dataloader: bool = False
     remainder: int = -1
 
+    @property
+    def gradient_state(self) -> GradientState:
+        """The run's ``GradientState`` (shared by every loader and the Accelerator), as the reference's loaders
+        carry it."""
+        return GradientState()
+
     def reset(self) -> None:
         self.end_of_dataloader = False
         self.remainder = -1

@@ -38,7 +38,7 @@ def check_split_batch_size(batch_size: Optional[int], num_processes: int, where:
         )
     if batch_size % num_processes != 0 or batch_size < num_processes:
         raise ValueError(
-            f"{where}: the batch size ({batch_size}) must be a multiple of the number of processes "
+            f"{where}: the batch size ({batch_size}) must be a round multiple of the number of processes "
             f"({num_processes}) so that each batch can be cut in equal slices. Use a batch size of "
             f"{_next_multiple(batch_size, num_processes)} (or another multiple of {num_processes}), "
             "or split_batches=False to give each process whole batches."

@@ -69,9 +69,14 @@ class TorchContextParallelConfig:
     cp_comm_strategy: Optional[str] = None
 
     def __post_init__(self):
+        def strategy(value):
+            try:
+                return as_choice("TorchContextParallelConfig.cp_comm_strategy", ("allgather", "alltoall"))(value)
+            except ValueError as error:  # the reference's key phrase first
+                raise ValueError(f"Invalid cp_comm_strategy: {value}. {error}") from None
+
         self.cp_comm_strategy = _setting("TorchContextParallelConfig", "cp_comm_strategy", self.cp_comm_strategy,
-                                         "allgather", as_choice("TorchContextParallelConfig.cp_comm_strategy",
-                                                                ("allgather", "alltoall")))
+                                         "allgather", strategy)
 
 
 @dataclass
@@ -103,9 +108,22 @@ class DeepSpeedSequenceParallelConfig:
         attention = self.sp_attn_implementation
         if attention is not None and attention not in _SP_ATTENTION and not (
                 "/" in attention and "flash-attn" in attention):
-            raise ValueError(f"{owner}.sp_attn_implementation must be one of {list(_SP_ATTENTION)} or a hub-hosted "
+            raise ValueError(f"Invalid sp_attn_implementation: {attention}. "
+                             f"{owner}.sp_attn_implementation must be one of {list(_SP_ATTENTION)} or a hub-hosted "
                              f"flash attention kernel (e.g. 'kernels-community/flash-attn2'), got {attention!r} "
                              "('eager' and 'flex_attention' do not work with sequence parallelism).")
+
+
+def _check_sequence_handler(handler, sp_size: int) -> None:
+    """sp_backend='deepspeed' takes a DeepSpeedSequenceParallelConfig; a fixed sequence length must split evenly."""
+    if not isinstance(handler, DeepSpeedSequenceParallelConfig):
+        raise ValueError(f"sp_backend='deepspeed' needs a DeepSpeedSequenceParallelConfig sp_handler, got "
+                         f"{type(handler).__name__}.")
+    if not handler.sp_seq_length_is_variable and handler.sp_seq_length % sp_size:
+        raise ValueError(f"sp_seq_length={handler.sp_seq_length} is not divisible by sp_size={sp_size}: with "
+                         "sp_seq_length_is_variable=False every batch is that long and each rank of the group takes "
+                         f"1/{sp_size} of it. Pad the batches to a multiple of {sp_size}, or set "
+                         "sp_seq_length_is_variable=True.")
 
 
 @dataclass
@@ -205,6 +223,8 @@ class ParallelismConfig:
                                  f"{type(self.cp_handler).__name__}.")
         if self.sp_size > 1 and self.sp_handler is None:
             self.sp_handler = DeepSpeedSequenceParallelConfig()
+        if self.sp_size > 1:
+            _check_sequence_handler(self.sp_handler, self.sp_size)
         if self.pp_size > 1 and self.pp_handler is None:
             self.pp_handler = TorchPipelineParallelConfig()
         if self.pp_handler is not None and not isinstance(self.pp_handler, TorchPipelineParallelConfig):
@@ -312,13 +332,9 @@ class ParallelismConfig:
             return None
         if not self._get_mesh():
             return None
-        import torch.distributed as dist
-
-        world = (dist.get_world_size() if dist.is_available() and dist.is_initialized()
-                 else int(os.environ.get("WORLD_SIZE", "1")))
         dims = ParallelDims(dp_replicate=self.dp_replicate_size, dp_shard=self.dp_shard_size, cp=self.cp_size,
-                            tp=self.tp_size, pp=self.pp_size, world_size=world)
-        return dims.build_mesh(device_type)
+                            tp=self.tp_size, pp=self.pp_size, world_size=self.total_size)
+        return dims.build_mesh(device_type)  # a world of another size is refused there, naming both
 
     def get_device_mesh(self, device_type: Optional[str] = None):
         """The mesh of this config's layout, built on first use for ``device_type``; a later different

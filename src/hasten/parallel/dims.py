@@ -31,6 +31,7 @@ MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 # Flattened mesh dimensions: name -> the dimensions they join.
 FLATTENED = (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")),
              ("dp_cp", ("dp_replicate", "dp_shard", "cp")))
+_DIM_AND_FLAT_NAMES = frozenset(MESH_ORDER) | {name for name, _ in FLATTENED}
 
 
 def _count(name: str, value) -> int:
@@ -274,7 +275,7 @@ class ParallelDims:
         self._check_process_count()
         mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names)
         # torch asks callers to keep the flattened meshes themselves (slicing them from the root is deprecated)
-        self._flattened = {name: mesh[dims]._flatten(name) for name, dims in self.flattened_dim_names.items()}
+        self._flattened = {name: mesh[list(dims)]._flatten(name) for name, dims in self.flattened_dim_names.items()}
         self._mesh = mesh
         return mesh
 
@@ -288,7 +289,7 @@ class ParallelDims:
         if tuple(mesh.mesh_dim_names or ()) != self.mesh_dim_names:
             raise ValueError(f"The device mesh has dimensions {mesh.mesh_dim_names}, not {self.mesh_dim_names}: it "
                              "was built for other sizes.")
-        self._flattened = {name: mesh[dims]._flatten(name) for name, dims in self.flattened_dim_names.items()}
+        self._flattened = {name: mesh[list(dims)]._flatten(name) for name, dims in self.flattened_dim_names.items()}
         self._mesh = mesh
 
     @property
@@ -304,6 +305,8 @@ class ParallelDims:
             raise ValueError("DeepSpeed sequence parallelism builds no torch DeviceMesh; there is no submesh.")
         if name in self._flattened:
             return self._flattened[name]
+        if self.world_size == 1 and mesh.ndim == 1 and name in _DIM_AND_FLAT_NAMES:
+            return mesh  # one process: every dimension is that process (FSDP debugged on one device)
         if name not in self.mesh_dim_names and name not in self.flattened_dim_names:
             known = list(self.mesh_dim_names) + list(self._flattened)
             raise KeyError(f"The mesh has no dimension {name!r}; it has {known} (dimensions of size 1 are left out).")
@@ -341,8 +344,10 @@ class ParallelDims:
 
         if dist.is_available() and dist.is_initialized():
             world = dist.get_world_size()
-        else:
-            world = int(os.environ.get("WORLD_SIZE", "1"))
+        elif "WORLD_SIZE" in os.environ:
+            world = int(os.environ["WORLD_SIZE"])
+        else:  # no process group and no launcher: torch's init_device_mesh decides (it starts the group itself)
+            return
         if world != self.world_size:
             raise ValueError(f"{_product_text(self.sizes)}, but {_world_text(world)}: the layout does not match the "
                              f"number of processes. Launch {self.world_size} processes, or change the sizes.")

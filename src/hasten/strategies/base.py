@@ -172,6 +172,11 @@ class Strategy:
     def note_data_loader(self, data_loader) -> None:
         """A user's loader was prepared (a backend may take its batch size; Megatron's plugin does)."""
 
+    def sequence_parallel_loader(self, loader, model=None):
+        """The loader each process iterates under sequence parallelism (DeepSpeed's Ulysses adapter); ``loader``
+        itself here."""
+        return loader
+
     def loss_parallel(self):
         """The context in which a loss runs on logits split over the classes (tensor parallelism with a
         ``"loss_parallel"`` head), or None."""

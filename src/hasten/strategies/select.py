@@ -141,7 +141,7 @@ def _needed_by_layout(dims) -> Optional[tuple]:
         wants.append(("tensor parallelism", f"tp_size={dims.tp}"))
     if dims.cp > 1:  # FSDP2 over dp_shard x cp (strategies/fsdp.py), the sequence split in maybe_context_parallel
         wants.append(("FSDP (sharded data parallelism)", f"cp_size={dims.cp}"))
-    if getattr(dims, "sp", 1) > 1:
+    if getattr(dims, "sp", 1) > 1:  # refused without DeepSpeed before this is asked (select_strategy)
         wants.append(("DeepSpeed sequence parallelism", f"sp_size={dims.sp}"))
     if dims.dp_shard > 1:  # last: sharding alone is FSDP, which exists
         wants.append(("FSDP (sharded data parallelism)", f"dp_shard_size={dims.dp_shard}"))
@@ -153,6 +153,8 @@ def select_strategy(state, settings=None, dims=None, **plugins) -> Strategy:
     (a ``ParallelDims``), else from the process state (one device, or DDP). ``settings``: the run's
     ``AcceleratorSettings`` (precision, kwargs handlers), handed to the strategy."""
     asked = requested_backend(plugins)
+    if getattr(dims, "sp", 1) > 1 and (asked is None or asked[0].factory is not _deepspeed):
+        raise _sequence_parallelism_needs_deepspeed(dims, asked)
     if asked is not None:
         backend, _ = asked
         return backend.factory(state, settings, dims, plugins.get(backend.plugin))
@@ -166,6 +168,15 @@ def select_strategy(state, settings=None, dims=None, **plugins) -> Strategy:
         raise not_yet_supported(f"{label} (ParallelismConfig {sizes})",
                                 "use ParallelismConfig(dp_replicate_size=...) alone (DDP) meanwhile")
     return _default(state, settings, dims)
+
+
+def _sequence_parallelism_needs_deepspeed(dims, asked) -> ValueError:
+    """sp_size > 1 is DeepSpeed's ALST / Ulysses: refused, before any engine, without a DeepSpeed selection."""
+    other = f" ({asked[1]} selects {asked[0].label} instead)" if asked is not None else ""
+    return ValueError(
+        f"ParallelismConfig(sp_size={dims.sp}) is DeepSpeed sequence parallelism (ALST / Ulysses), which needs "
+        f"DeepSpeed{other}: pass deepspeed_plugin=DeepSpeedPlugin(...) to the Accelerator, or launch with hasten "
+        "launch --use_deepspeed (a config file's distributed_type: DEEPSPEED).")
 
 
 def _default(state, settings, dims) -> Strategy:

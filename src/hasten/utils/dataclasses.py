@@ -2,7 +2,7 @@
 
 The enums and dataclasses live in ``hasten.config`` (one module per family) and ``hasten.parallel.config`` (the
 N-D parallelism sizes and handlers); this module only gathers them. What is still planned (TransformerEngine and
-MS-AMP fp8 recipes, DeepSpeed sequence parallelism) raises ``NotYetSupportedError`` when trained with (see
+MS-AMP fp8 recipes) raises ``NotYetSupportedError`` when trained with (see
 docs/planned-features.md).
 """
 from ..collectives.operations import TensorInformation

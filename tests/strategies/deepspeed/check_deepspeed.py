@@ -105,7 +105,7 @@ def check_auto_filling_and_conflicts() -> None:
                                     deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=auto_config(3)))
     model = Net(16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    engine, _, _ = accelerator.prepare(model, optimizer, DataLoader(data(), batch_size=4))
+    engine, prepared_optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data(), batch_size=4))
     assert engine.train_micro_batch_size_per_gpu() == 4
     assert engine.gradient_accumulation_steps() == 2
     assert engine.train_batch_size() == 4 * 2 * accelerator.num_processes
@@ -114,6 +114,9 @@ def check_auto_filling_and_conflicts() -> None:
     assert engine.zero_param_persistence_threshold() == 10 * 16
     assert engine.bfloat16_enabled() and engine.gradient_clipping() == 1.0
     assert engine.module.inner.weight.dtype == torch.bfloat16
+    config = accelerator.deepspeed_config  # the config the engine was built from, as the reference exposes it
+    assert config["train_micro_batch_size_per_gpu"] == 4 and config["gradient_accumulation_steps"] == 2, config
+    assert engine._is_accelerate_prepared and prepared_optimizer._is_accelerate_prepared and loader.gradient_state
     say(accelerator, "ok: auto values filled from the run")
 
     conflicting = auto_config(2)

@@ -162,8 +162,6 @@ def test_an_auto_micro_batch_without_any_prepared_loader_says_how_to_fix_it():
     ({"zero_optimization": {"stage": 4}}, "not a ZeRO stage"),
     ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "nvme_path"),
     ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}}, "none, cpu or nvme"),
-    ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, "offload_param needs ZeRO stage 3"),
-    ({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}, "stage 1, 2 or 3"),
     ({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}, "fp16 on the CPU"),
 ])
 def test_configs_no_engine_can_run_are_refused_with_the_reason(config, message):
@@ -171,9 +169,35 @@ def test_configs_no_engine_can_run_are_refused_with_the_reason(config, message):
         check_plugin_config(config, "cpu", "no")
 
 
+@pytest.mark.parametrize("config, message", [
+    ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, "offload_param only takes effect"),
+    ({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}, "stage 1-3 feature"),
+])
+def test_offload_settings_the_stage_ignores_are_warned_about_not_refused(config, message, caplog):
+    """DeepSpeed trains without them (as the reference lets it): a warning says they have no effect."""
+    with caplog.at_level("WARNING"):
+        check_plugin_config(config, "cpu", "no")
+    assert message in caplog.text
+
+
+@pytest.mark.parametrize("given, stage", [("zero2", 2), ("ZeRO-3", 3), ("stage_1", 1), ("0", 0), (3, 3)])
+def test_zero_stage_takes_the_stage_names(clean_env_vars, given, stage):
+    plugin = DeepSpeedPlugin(zero_stage=given)
+    assert plugin.zero_stage == stage and plugin.deepspeed_config["zero_optimization"]["stage"] == stage
+
+
+def test_a_zero2_plugin_with_parameter_offload_is_accepted_with_a_warning(clean_env_vars, caplog):
+    plugin = DeepSpeedPlugin(zero_stage="zero2", offload_optimizer_device="cpu", offload_param_device="cpu")
+    with caplog.at_level("WARNING"):
+        check_plugin_config(plugin.deepspeed_config, "cpu", "no")
+    assert plugin.zero_stage == 2 and "offload_param only takes effect" in caplog.text
+
+
 def test_the_plugin_refuses_an_unknown_stage_and_nvme_without_a_path(clean_env_vars):
     with pytest.raises(ValueError, match="zero_stage"):
         DeepSpeedPlugin(zero_stage=5)
+    with pytest.raises(ValueError, match="zero_stage must be a ZeRO stage.*'zero5'"):
+        DeepSpeedPlugin(zero_stage="zero5")
     with pytest.raises(ValueError, match="nvme_path"):
         Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, offload_param_device="nvme"))
 

@@ -1,4 +1,4 @@
-"""The DeepSpeed config an engine is built from: every ``"auto"`` filled, every contradiction refused.
+"""The DeepSpeed config an engine is built from: every ``"auto"`` filled, every contradiction named.
 
 A ``DeepSpeedPlugin`` holds the user's config (a file, a dict, or one built from the plugin's fields). Before an
 engine is built, ``resolved_config`` copies it and fills each ``"auto"`` value from what the run knows:
@@ -24,7 +24,8 @@ engine is built, ``resolved_config`` copies it and fills each ``"auto"`` value f
 
 ``hidden_size`` is the model's ``config.hidden_size`` (or the largest of ``config.hidden_sizes``); a model
 without one leaves those three keys to DeepSpeed's defaults (they are removed). A value that is set both in the
-config and by the Accelerator, and differs, is an error naming both: nothing is overridden silently.
+config and by the run, and differs, is the config's (as in the reference), named in one warning; batch sizes that
+do not multiply out are refused before the engine is built.
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def _get(config: dict, dotted: str, default=None):
 
 def check_plugin_config(config: dict, device_type: str, mixed_precision: str, what: str = "DeepSpeed config") -> None:
     """Refuse what no engine can run, before anything is built: an unknown ZeRO stage, an offload device without
-    its nvme path or outside none|cpu|nvme, parameter offload below stage 3, fp16 on a CPU."""
+    its nvme path or outside none|cpu|nvme, fp16 on a CPU. Offload settings the stage ignores (parameters below
+    stage 3, the optimizer at stage 0) are warned about: DeepSpeed trains without them, as in the reference."""
     stage = _get(config, "zero_optimization.stage", 0)
     if stage != "auto" and (isinstance(stage, bool) or stage not in _STAGES):
         raise ValueError(f"{what}: zero_optimization.stage={stage!r} is not a ZeRO stage: use 0, 1, 2 or 3.")
@@ -65,11 +67,13 @@ def check_plugin_config(config: dict, device_type: str, mixed_precision: str, wh
                 f"{what}: zero_optimization.{kind}.device is 'nvme' and no nvme_path is given: set "
                 f"zero_optimization.{kind}.nvme_path (DeepSpeedPlugin({kind}_nvme_path=...)) to a folder on the "
                 "NVMe drive.")
-        if device != "none" and kind == "offload_param" and stage != 3:
-            raise ValueError(f"{what}: offload_param needs ZeRO stage 3 (the stage is {stage}): use zero_stage=3 or "
-                             "offload the optimizer only.")
+        if device != "none" and kind == "offload_param" and stage not in (3, "auto"):
+            logger.warning("%s: offload_param only takes effect with ZeRO stage 3 (the stage is %s); DeepSpeed "
+                           "ignores it and keeps the parameters on the device. Use zero_stage=3 to offload them.",
+                           what, stage)
         if device != "none" and kind == "offload_optimizer" and stage == 0:
-            raise ValueError(f"{what}: offload_optimizer needs ZeRO stage 1, 2 or 3 (the stage is 0).")
+            logger.warning("%s: offload_optimizer is a ZeRO stage 1-3 feature (the stage is 0); DeepSpeed trains "
+                           "without partitioning the optimizer.", what)
     fp16 = str(_get(config, "fp16.enabled", False)).lower() == "true" or mixed_precision == "fp16"
     if fp16 and device_type == "cpu":
         raise ValueError(
@@ -137,9 +141,10 @@ class _Filler:
 
 
 def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loaders=(), accumulation_steps: int = 1,
-                    data_parallel_size: int = 1, mixed_precision: str = "no", device_type: str = "cpu") -> dict:
-    """A copy of ``plugin``'s config with every ``"auto"`` filled (see the module's table); a ValueError lists
-    every value the config sets differently from the run."""
+                    data_parallel_size: int = 1, mixed_precision: str = "no", device_type: str = "cpu",
+                    loader_processes: Optional[int] = None) -> dict:
+    """A copy of ``plugin``'s config with every ``"auto"`` filled (see the module's table). A value the config sets
+    differently from the run is kept and named in one warning; batch sizes that do not multiply out raise."""
     from .wrappers import DummyOptim, DummyScheduler
 
     config = copy.deepcopy(plugin.deepspeed_config)
@@ -150,7 +155,9 @@ def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loade
         config["gradient_accumulation_steps"] = "auto"
     check_plugin_config(config, device_type, mixed_precision)
     filler = _Filler(config)
-    micro = micro_batch_size(loaders, data_parallel_size, plugin.is_train_batch_min)
+    # loader_processes: the processes the loaders are sharded over when not DeepSpeed's data-parallel ones (all of
+    # them under sequence parallelism)
+    micro = micro_batch_size(loaders, loader_processes or data_parallel_size, plugin.is_train_batch_min)
     if micro is None and config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
         if isinstance(config.get("train_batch_size"), int) and not isinstance(config.get("train_batch_size"), bool):
             micro = config["train_batch_size"] // max(1, accumulation_steps * data_parallel_size)

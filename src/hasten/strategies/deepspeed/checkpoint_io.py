@@ -114,8 +114,9 @@ class DeepSpeedCheckpointIO:
             raise IncompleteCheckpointError(f"Checkpoint {folder} has no DeepSpeed checkpoint {tag}/ for this engine: "
                                             "load a checkpoint saved with the same prepared models.")
         layout = read_deepspeed_layout(path)
+        partitions = getattr(engine, "seq_dp_world_size", engine.dp_world_size)  # x sp_size under sequence parallelism
         if layout["zero_stage"] == engine.zero_optimization_stage() and \
-                layout["world_size"] == engine.dp_world_size and layout.get("dtype") == _dtype_name(engine):
+                layout["world_size"] == partitions and layout.get("dtype") == _dtype_name(engine):
             _check_rank_files(path, layout)
             return _EngineLoad(engine, folder, tag, optimizer)
         weights, optimizer_state = read_deepspeed_checkpoint(path, with_optimizer=optimizer is not None)

@@ -47,6 +47,7 @@ class _Engine:
     client_optimizer: object = None  # the optimizer the user gave (a DummyOptim for the config's)
     scheduler: object = None  # the scheduler the engine built and steps itself (config or lr_scheduler_callable)
     stepped: bool = False  # engine.step() already ran for the current accumulation cycle
+    loss_scale: float = 1.0  # sequence parallelism: 1/sp_size where the engine sums gradients over the group
 
 
 class DeepSpeedStrategy(Strategy):
@@ -79,15 +80,20 @@ class DeepSpeedStrategy(Strategy):
             check_plugin_config(value.deepspeed_config, state.device.type, mixed_precision,
                                 what="DeepSpeed config" + ("" if name is None else f" of plugin {name!r}"))
             value.set_mixed_precision(mixed_precision)  # the fp16 / bf16 sections; a contradiction raises
-        if dims is not None and dims.model_parallel:
+        if dims is not None and dims.model_parallel and dims.sp == 1:
             raise ValueError("DeepSpeed here shards over data-parallel ranks only: a ParallelismConfig with tensor, "
-                             "context or sequence parallelism cannot be combined with a DeepSpeedPlugin.")
+                             "context or pipeline parallelism cannot be combined with a DeepSpeedPlugin (sequence "
+                             "parallelism, sp_size, can).")
         if state.device.type == "cpu":  # also on a GPU machine with cpu=True: DeepSpeed must not pick CUDA
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         require_deepspeed()
+        from .sequence_parallel import SequenceParallel
+
+        self.sequence_parallel = SequenceParallel.from_layout(dims)  # ALST / Ulysses (sp_size > 1), else None
         self.plugins = plugins
         super().__init__(state, settings, dims)
         self._engines: list = []
+        self.deepspeed_config: Optional[dict] = None  # the last engine's config, "auto" filled (prepare sets it)
         self.save_options: dict = {}  # save_state(**save_model_func_kwargs) for the save in progress
         from .checkpoint_io import DeepSpeedCheckpointIO
 
@@ -165,14 +171,24 @@ class DeepSpeedStrategy(Strategy):
         scheduler = schedulers[0] if schedulers else None
         plugin = self.plugin
         plugin.set_moe_leaf_modules(model)
+        sequence_parallel = self.sequence_parallel
+        if sequence_parallel is not None:
+            sequence_parallel.check_model(model)  # a model Ulysses cannot split: refused before anything
         config = resolved_config(plugin, model=model, optimizer=optimizer, scheduler=scheduler, loaders=data_loaders,
-                                 accumulation_steps=accumulation_steps, data_parallel_size=self.data_parallel_size,
-                                 mixed_precision=self.settings.mixed_precision, device_type=self.state.device.type)
+                                 accumulation_steps=accumulation_steps, data_parallel_size=self._engine_dp_size,
+                                 mixed_precision=self.settings.mixed_precision, device_type=self.state.device.type,
+                                 loader_processes=self.data_parallel_size)
+        if sequence_parallel is not None:  # checked before DeepSpeed makes its groups and wraps the attention
+            sequence_parallel.check_engine_config(config)
+            sequence_parallel.register(model, config["train_micro_batch_size_per_gpu"])
+        self.deepspeed_config = config  # the last engine's, "auto" filled: Accelerator.deepspeed_config
         names = _parameter_names(model, optimizer)
         model = self.precision.wrap_forward(model)
         if compile_model is not None:
             model = compile_model(model)
         kwargs = {"model": model, "config": config}
+        if sequence_parallel is not None:
+            kwargs["mpu"] = sequence_parallel.mpu
         if optimizer is not None and not isinstance(optimizer, DummyOptim):
             offloaded = str((config.get("zero_optimization", {}).get("offload_optimizer") or {}).get(
                 "device", "none")).lower() != "none"
@@ -195,7 +211,8 @@ class DeepSpeedStrategy(Strategy):
 
             undo_warmup_step(engine, originals)
         record = _Engine(engine, self.plugin_name, names, optimizers[0] if optimizers else None,
-                         scheduler=engine_scheduler)
+                         scheduler=engine_scheduler,
+                         loss_scale=sequence_parallel.loss_scale(config) if sequence_parallel is not None else 1.0)
         self._engines.append(record)
         prepared_optimizers = []
         if optimizers:
@@ -238,6 +255,31 @@ class DeepSpeedStrategy(Strategy):
                                "DeepSpeed's value.", chosen, where, value)
             chosen = int(value)
         return chosen
+
+    # ------------------------------------------------------------ sequence parallelism (sequence_parallel.py)
+    @property
+    def data_parallel_size(self) -> int:
+        """Under sequence parallelism every process reads batches of its own (loaders are sharded over all of
+        them, as in the reference) and DeepSpeed's adapter hands each batch to the whole group."""
+        return self.state.num_processes if self.sequence_parallel is not None else super().data_parallel_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.state.process_index if self.sequence_parallel is not None else super().data_parallel_rank
+
+    @property
+    def _engine_dp_size(self) -> int:
+        """DeepSpeed's data-parallel size: the processes over the sequence-parallel size."""
+        return self.layout.dp_size if self.sequence_parallel is not None else self.data_parallel_size
+
+    def data_processes(self):
+        return None if self.sequence_parallel is not None else super().data_processes()  # gathers: every process
+
+    def sequence_parallel_loader(self, loader, model=None):
+        """``loader`` through DeepSpeed's ``UlyssesSPDataLoaderAdapter`` under sequence parallelism."""
+        if self.sequence_parallel is None:
+            return loader
+        return self.sequence_parallel.adapt(loader, self.state.device)
 
     # ------------------------------------------------------------ engines
     def _record(self, model) -> _Engine:
@@ -285,6 +327,8 @@ class DeepSpeedStrategy(Strategy):
             loss = self.normalize_loss(loss, accumulation_steps, num_items_in_batch)
         elif num_items_in_batch is not None:
             loss = self.normalize_loss(loss, 1, num_items_in_batch)
+        if record.loss_scale != 1.0:  # sequence parallelism: the gradients of one process (sequence_parallel.py)
+            loss = loss * record.loss_scale
         engine.backward(loss, scale_wrt_gas=False, **kwargs)
         record.stepped = False
 

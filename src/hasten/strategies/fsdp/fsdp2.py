@@ -42,10 +42,6 @@ class FSDP2Strategy(Strategy):
         if self.plugin.fsdp_version != self.fsdp_version:
             raise ValueError(f"{type(self).__name__} runs fsdp_version={self.fsdp_version}, and the plugin asks for "
                              f"{self.plugin.fsdp_version}: select the strategy with strategies.select_strategy.")
-        if state.num_processes < 2:
-            raise ValueError("FSDP shards the model over several processes and this run has 1: launch it with "
-                             "`hasten launch -n N train.py` (N >= 2), or remove the FSDP plugin to train on one "
-                             "device.")
         super().__init__(state, settings, _sharded_layout(dims, state.num_processes))
         self.checkpoint_io = _checkpoint_io(self.plugin)
         self._optimizer_names: dict = {}  # id(optimizer) -> its parameters' names per group, as prepared
@@ -64,6 +60,8 @@ class FSDP2Strategy(Strategy):
                                   autocast_kwargs=self.handlers.get(AutocastKwargs), scaler_class=ShardedGradScaler)
 
     def setup(self) -> None:
+        if self.state.num_processes == 1:  # debugging FSDP on one device: torch shards over a world of one
+            getattr(self.state, "_partial", self.state).start_single_process_group()
         self.state.distributed_type = DistributedType.FSDP  # what scripts check (AcceleratorState only)
         self.state.fsdp_plugin = self.plugin
         if self.state.device.type == "cpu":  # freed shard buffers go back to the system (utils/allocator.py)
@@ -252,10 +250,22 @@ class FSDP2Strategy(Strategy):
         if is_local_state(state_dict):
             set_optimizer_state_dict(module, inner, state_dict, options=StateDictOptions(full_state_dict=False))
             return
-        named = by_name(state_dict, self.optimizer_parameter_names(model, inner))
-        set_optimizer_state_dict(module, inner, named, options=self._options())
+        if _holds_tensors(state_dict.get("state", {})):  # else a stateless optimizer (SGD without momentum):
+            named = by_name(state_dict, self.optimizer_parameter_names(model, inner))  # torch's loader needs tensors
+            set_optimizer_state_dict(module, inner, named, options=self._options())
         for live, saved in zip(inner.param_groups, state_dict["param_groups"]):  # hyperparameters as saved
             live.update({key: value for key, value in saved.items() if key != "params"})  # (tuples stay tuples)
+
+
+def _holds_tensors(state) -> bool:
+    """Whether an optimizer's ``state`` holds a tensor with elements (a stateless optimizer's holds none)."""
+    if isinstance(state, torch.Tensor):
+        return state.dim() > 0
+    if isinstance(state, dict):
+        return any(_holds_tensors(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return any(_holds_tensors(value) for value in state)
+    return False
 
 
 def _checkpoint_io(plugin):
