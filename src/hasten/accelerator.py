@@ -116,6 +116,11 @@ class Accelerator:
         parallelism_config = resolve_parallelism_config(parallelism_config)  # argument, else the launcher's
         if parallelism_config is not None:  # sizes that cannot fit fail before any process group exists
             ParallelDims.from_config(parallelism_config, _expected_world_size())
+        if (deepspeed_plugin or deepspeed_plugins) and AcceleratorState._shared_state.get("deepspeed_plugins"):
+            raise NotImplementedError(  # the run's engines were built from the first Accelerator's plugins
+                "You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`. Please make sure the "
+                "first `Accelerator` is initialized with all the plugins you want to use (deepspeed_plugins={name: "
+                "plugin, ...}), then switch with accelerator.state.select_deepspeed_plugin(name).")
         if mixed_precision is None and AcceleratorState._shared_state:
             # a second Accelerator that does not ask for a precision keeps the run's (as in the reference)
             settings.mixed_precision = AcceleratorState().mixed_precision

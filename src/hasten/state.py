@@ -428,6 +428,8 @@ class AcceleratorState:
                  fsdp_plugin=None, torch_tp_plugin=None, megatron_lm_plugin=None, parallelism_config=None,
                  _from_accelerator: bool = False, **kwargs):
         self.__dict__ = self._shared_state
+        if not self.initialized:
+            self._shared_state.clear()  # what a PartialState reset left behind
         if self.initialized:
             if mixed_precision is not None and PrecisionType.parse(mixed_precision, "mixed_precision") != self.mixed_precision:
                 raise ValueError(
@@ -447,7 +449,10 @@ class AcceleratorState:
 
     @property
     def initialized(self) -> bool:
-        return self._shared_state != {}
+        """Whether the state exists, with its PartialState: one reset under it (``PartialState._reset_state()``
+        alone) makes the next AcceleratorState start afresh, as in the reference."""
+        partial = self._shared_state.get("_partial")
+        return partial is not None and bool(partial.__dict__)
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:

@@ -133,7 +133,7 @@ def test_scheduler_needs_its_optimizer_prepared():
     ({"fsdp_plugin": object()}, TypeError, "fsdp_plugin must be a FullyShardedDataParallelPlugin"),
     ({"deepspeed_plugin": object()}, TypeError, "must be a DeepSpeedPlugin"),
     ({"megatron_lm_plugin": object()}, TypeError, "megatron_lm_plugin must be a MegatronLMPlugin"),
-    ({"log_with": "tensorboard"}, ValueError, "requires a logging directory"),
+    ({"log_with": "tensorboard"}, ValueError, "requires a `logging_dir`"),
     ({"kwargs_handlers": ["x"]}, TypeError, "KwargsHandler"),
     ({"kwargs_handlers": [GradScalerKwargs(), GradScalerKwargs()]}, ValueError, "twice|two"),
     ({"rng_types": ["dice"]}, ValueError, "rng type"),

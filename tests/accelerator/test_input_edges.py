@@ -104,5 +104,5 @@ def test_an_unknown_tracker_name_lists_the_known_ones(log_with):
 
 @pytest.mark.parametrize("log_with", ["tensorboard", "jsonl", ["tensorboard", "jsonl"]])
 def test_a_known_tracker_name_without_a_logging_directory_says_what_to_give(log_with):
-    with pytest.raises(ValueError, match="requires a logging directory.*project_dir"):
+    with pytest.raises(ValueError, match="requires a `logging_dir`.*project_dir"):
         Accelerator(log_with=log_with)

@@ -240,7 +240,7 @@ def test_a_save_hook_can_take_a_model_out_of_the_files(tmp_path):
 
 def test_register_for_checkpointing_names_objects_without_state_dict():
     accelerator, *_ = build()
-    with pytest.raises(ValueError, match=r"argument 1 \(int\) has no state_dict and no load_state_dict"):
+    with pytest.raises(ValueError, match=r"Item at index 1 \(int\) has no state_dict and no load_state_dict"):
         accelerator.register_for_checkpointing(Counter(), 3)
     assert accelerator._custom_objects == []  # nothing registered when one is invalid
 

@@ -119,8 +119,9 @@ def test_recursively_apply_other_leaves():
     data = [torch.ones(1), "text", 3]
     out = ops.recursively_apply(lambda t: t + 1, data)
     assert out[1:] == ["text", 3] and torch.equal(out[0], torch.full((1,), 2.0))
-    with pytest.raises(TypeError, match="str"):
-        ops.recursively_apply(lambda t: t, data, error_on_other_type=True)
+    with pytest.raises(TypeError, match=r"^Unsupported types \(<class 'str'>\) passed to `<lambda>`. Only nested "
+                                        r"list/tuple/dicts of objects that are valid for `is_torch_tensor`"):
+        ops.recursively_apply(lambda t: t, data, error_on_other_type=True)  # the reference's words
     only_ints = ops.recursively_apply(lambda i: i * 10, {"a": [1, "x"]}, test_type=lambda o: isinstance(o, int))
     assert only_ints == {"a": [10, "x"]}
 

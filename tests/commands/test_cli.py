@@ -551,3 +551,19 @@ def test_cpu_affinity_flag_reaches_the_script(script, tmp_path):
     path = write_config(tmp_path / "cfg.yaml", num_processes=1, enable_cpu_affinity=False)
     config_path, config = load_launch_config(path)
     assert "HASTEN_CPU_AFFINITY" not in plan_for(["--config_file", path, script], config, config_path).env
+
+
+def test_prepare_multi_gpu_env_takes_a_namespace_built_by_hand(monkeypatch):
+    """Callers build the Namespace with the options they care about (no script): the rest take the launcher's
+    defaults, and torchrun's settings come back on it, the port as a string of digits (picked when 0)."""
+    import argparse
+
+    from hasten.utils.launch import prepare_multi_gpu_env
+
+    monkeypatch.delenv("HASTEN_CONFIG_FILE", raising=False)
+    args = argparse.Namespace(num_processes=1, num_machines=1, main_process_ip="127.0.0.1", main_process_port=0,
+                              machine_rank=0, module=False, no_python=False, mixed_precision="bf16", use_fsdp=False,
+                              config_file=None)
+    env = prepare_multi_gpu_env(args)
+    assert args.master_port.isdigit() and args.master_port != "0" and args.nproc_per_node == "1"
+    assert env["HASTEN_MIXED_PRECISION"] == "bf16"

@@ -294,13 +294,39 @@ def test_keys_bind_to_methods():
 
 
 # ------------------------------------------------------------------------------------------ merge, to-fsdp2, tpu
-def test_merge_weights_refuses_what_is_not_a_sharded_checkpoint_and_tpu_config_is_planned(tmp_path, capsys):
+def test_merge_weights_refuses_what_is_not_a_sharded_checkpoint(tmp_path, capsys):
     assert cli.main(["merge-weights", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
     assert "is not a folder" in capsys.readouterr().err
     assert cli.main(["merge-weights", str(tmp_path), str(tmp_path / "out")]) == 2
     assert "not a sharded (DCP) checkpoint" in capsys.readouterr().err
-    assert cli.main(["tpu-config", "--debug"]) == 2
-    assert "not yet supported" in capsys.readouterr().err
+
+
+def test_tpu_config_builds_one_gcloud_call_from_flags_and_the_config_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HASTEN_CONFIG_FILE", raising=False)
+    commands = tmp_path / "setup.sh"
+    commands.write_text('echo "one"\n\necho "two"\n')
+    config = tmp_path / "tpu.yaml"
+    config.write_text(yaml.safe_dump({"compute_environment": "LOCAL_MACHINE", "distributed_type": "NO",
+                                      "tpu_name": "pod-a", "tpu_zone": "europe-west4-a",
+                                      "command_file": str(commands)}))
+    gcloud = "Running gcloud compute tpus tpu-vm ssh"
+    assert cli.main(["tpu-config", "--config_file", str(config), "--debug"]) == 0
+    assert (f'{gcloud} pod-a --zone europe-west4-a --command cd /usr/share; echo "one"; echo "two" --worker all'
+            in capsys.readouterr().out)
+    assert cli.main(["tpu-config", "--config_file", str(config), "--tpu_name", "pod-b", "--command", "ls", "/tmp",
+                     "--command", "pwd", "--install_accelerate", "--accelerate_version", "1.15.0", "--use_alpha",
+                     "--debug"]) == 0
+    assert ("Running gcloud alpha compute tpus tpu-vm ssh pod-b --zone europe-west4-a --command cd /usr/share; "
+            "pip install accelerate==1.15.0; ls /tmp; pwd --worker all") in capsys.readouterr().out
+    assert cli.main(["tpu-config", "--tpu_zone", "z", "--command", "ls", "--debug"]) == 2  # no pod named
+    assert "--tpu_name" in capsys.readouterr().err
+    assert cli.main(["tpu-config", "--tpu_name", "p", "--tpu_zone", "z", "--debug"]) == 2  # nothing to run
+    assert "--command" in capsys.readouterr().err
+    assert cli.main(["tpu-config", "--tpu_name", "p", "--tpu_zone", "z", "--command", "ls",
+                     "--install_accelerate", "--accelerate_version", "newest", "--debug"]) == 2
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gcloud here: said, not a traceback
+    assert cli.main(["tpu-config", "--tpu_name", "p", "--tpu_zone", "z", "--command", "ls"]) == 2
+    assert "gcloud" in capsys.readouterr().err
 
 
 def test_to_fsdp2_converts_fsdp1_settings(tmp_path, capsys, caplog):
@@ -323,6 +349,14 @@ def test_to_fsdp2_converts_fsdp1_settings(tmp_path, capsys, caplog):
     assert convert_config_to_fsdp2({"fsdp_config": {"fsdp_version": 2, "x": 1}}) == {"fsdp_config": {"fsdp_version": 2,
                                                                                                    "x": 1}}
     assert convert_config_to_fsdp2({"num_processes": 1}) == {"num_processes": 1}
+    # called from Python, the errors are also the built-in ones the reference's command raises
+    from hasten.commands.to_fsdp2 import to_fsdp2_command, to_fsdp2_command_parser
+
+    parser = to_fsdp2_command_parser()
+    with pytest.raises(FileNotFoundError, match="Config file `.*missing.yaml` not found"):
+        to_fsdp2_command(parser.parse_args(["--config_file", str(tmp_path / "missing.yaml")]))
+    with pytest.raises(FileExistsError, match="already exists and --overwrite is not set"):
+        to_fsdp2_command(parser.parse_args(["--config_file", str(source), "--output_file", str(target)]))
 
 
 # ------------------------------------------------------------------------------------------ estimate helpers

@@ -97,3 +97,17 @@ def test_accelerates_basic_file_is_read_as_is(tmp_path):
     path = accelerate_write_basic_config("fp16", str(tmp_path / "basic.yaml"))
     config = load_config_from_file(str(path))
     assert config.mixed_precision == "fp16" and config.num_machines == 1
+
+
+def test_a_sagemaker_config_without_num_processes_loads(tmp_path):
+    """A local config of distributed_type NO gets num_processes=1; a SageMaker config has no such key, and
+    loading one must not add it (it would then be refused as a key SageMakerConfig does not take)."""
+    from hasten.commands.config.config_args import SageMakerConfig, load_config_from_file
+
+    path = tmp_path / "sagemaker.yaml"
+    path.write_text(yaml.safe_dump({"compute_environment": "AMAZON_SAGEMAKER", "distributed_type": "NO",
+                                    "mixed_precision": "fp16", "use_cpu": False, "debug": False,
+                                    "ec2_instance_type": "MY_TYPE", "iam_role_name": "MY_ROLE"}))
+    config = load_config_from_file(str(path))
+    assert isinstance(config, SageMakerConfig) and config.ec2_instance_type == "MY_TYPE"
+    assert not hasattr(config, "num_processes")

@@ -343,7 +343,7 @@ def test_launch_routes_a_runner_plan_to_deepspeeds_runner(script, hostfile, monk
     assert launch_command.run(args) == 0 and isinstance(ran[-1], DeepSpeedRunner)
     # Accelerate's deepspeed_launcher: the same launch with DeepSpeed switched on
     args = launch_command_parser().parse_args(["-n", "2", script])
-    assert launch_command.deepspeed_launcher(args) == 0 and ran[-1].env["HASTEN_USE_DEEPSPEED"] == "true"
+    assert launch_command.deepspeed_launcher(args) is None and ran[-1].env["HASTEN_USE_DEEPSPEED"] == "true"
 
 
 # ------------------------------------------------------------------------------------------ a real launch

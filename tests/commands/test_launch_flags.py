@@ -141,9 +141,9 @@ def test_accelerate_launcher_names_route_to_hasten(script, monkeypatch):
     ran = []
     monkeypatch.setattr(launch_command, "execute", lambda plan: ran.append(plan) or 0)
     args = launch_command_parser().parse_args(["-n", "1", script])
-    assert launch_command.launch_command(args) == 0 and launch_command.simple_launcher(args) == 0
-    assert launch_command.multi_gpu_launcher(args) == 0 and len(ran) == 3
-    assert launch_command.deepspeed_launcher(args) == 0 and ran[-1].env["HASTEN_USE_DEEPSPEED"] == "true"
+    assert launch_command.launch_command(args) is None and launch_command.simple_launcher(args) is None
+    assert launch_command.multi_gpu_launcher(args) is None and len(ran) == 3
+    assert launch_command.deepspeed_launcher(args) is None and ran[-1].env["HASTEN_USE_DEEPSPEED"] == "true"
     for name in ("tpu_launcher", "tpu_pod_launcher"):
         with pytest.raises(NotYetSupportedError):
             getattr(launch_command, name)(args)

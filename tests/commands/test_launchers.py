@@ -12,7 +12,7 @@ def _report(offset):
 
     state = PartialState()
     state.wait_for_everyone()
-    return (state.process_index + offset, state.num_processes, str(state.distributed_type),
+    return (state.process_index + offset, state.num_processes, state.distributed_type.value,
             os.environ.get(env_name("mixed_precision")), os.environ.get(env_name("use_cpu")))
 
 
@@ -47,9 +47,13 @@ def test_notebook_launcher_refuses_a_busy_port():
             notebook_launcher(_report, num_processes=2, use_port=str(port))
 
 
-def test_notebook_launcher_refuses_after_state_exists():
+def test_notebook_launcher_after_a_state_exists_starts_workers_with_their_own():
+    """A notebook (or a test before) made a PartialState: the workers do not inherit it (a forked copy would
+    describe one process); each starts its own, of two processes."""
     from hasten.state import PartialState
 
-    PartialState()
-    with pytest.raises(RuntimeError, match="inside the launched function"):
-        notebook_launcher(_report, num_processes=2, use_port="0")
+    PartialState(cpu=True)
+    with _one_multiprocess_job_at_a_time():
+        results = notebook_launcher(_report, args=(0,), num_processes=2, use_port="0")
+    assert sorted(value[:3] for value in results.values()) == [(0, 2, "MULTI_CPU"), (1, 2, "MULTI_CPU")]
+    assert PartialState().num_processes == 1  # this process's own state is left as it was

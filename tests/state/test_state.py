@@ -234,3 +234,14 @@ def test_an_unknown_attribute_is_said_of_the_accelerator_state_and_a_reset_says_
     with pytest.raises(AttributeError, match=r"`AcceleratorState` object has no attribute.*This happens if "
                                              r"`AcceleratorState._reset_state\(\)`"):
         accelerator.num_processes
+
+
+def test_an_accelerator_after_a_partial_state_reset_alone_starts_afresh():
+    """A test suite resets PartialState only (trackers' tests do): the next Accelerator builds both states again."""
+    from hasten import Accelerator
+
+    Accelerator(cpu=True)
+    PartialState._reset_state()
+    assert PartialState._shared_state == {}
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.num_processes == 1 and PartialState._shared_state != {}

@@ -342,3 +342,13 @@ def test_test_case_classes():
     assert seen["b"] == [] and not seen["dir"].exists() and seen["mocked"] == "1"
     assert "HASTEN_TEST_MOCKED" not in os.environ
     assert testing.HastenTestCase is testing.AccelerateTestCase
+
+
+def test_the_cli_check_script_runs_under_the_launcher():
+    """hasten.test_utils.scripts.test_cli: the script Accelerate's CLI tests launch (with and without config files)."""
+    from helpers import run_launch
+
+    from hasten.test_utils import path_in_hasten_package
+
+    result = run_launch(path_in_hasten_package("test_utils", "scripts", "test_cli.py"), num_processes=2)
+    assert "Successfully ran on 2 CPUs (2 process(es), MULTI_CPU)" in result.stdout, result.stdout

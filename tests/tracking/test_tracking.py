@@ -184,11 +184,11 @@ def test_starting_a_tracker_without_its_package_names_the_extra(monkeypatch):
 
 
 def test_a_tracker_that_needs_a_directory_without_one_is_a_clear_error():
-    with pytest.raises(ValueError, match="'tensorboard' requires a logging directory.*project_dir"):
+    with pytest.raises(ValueError, match="`tensorboard` requires a `logging_dir`.*project_dir"):
         Accelerator(cpu=True, log_with="tensorboard")
     accelerator = Accelerator(cpu=True, log_with="jsonl", project_dir="somewhere")
     accelerator.project_configuration.logging_dir = None
-    with pytest.raises(ValueError, match="'jsonl' requires a logging directory"):
+    with pytest.raises(ValueError, match="`jsonl` requires a `logging_dir`"):
         accelerator.init_trackers("run")
 
 
@@ -233,6 +233,19 @@ def test_bad_step_project_name_and_init_kwargs(tmp_path):
     with pytest.raises(ValueError, match="'nope' is not one of the Accelerator's trackers: they are jsonl"):
         accelerator.get_tracker("nope")
     accelerator.end_training()
+
+
+def test_tracker_objects_need_no_project_name_trackers_by_name_do(tmp_path):
+    """A tracker built by the script already has its run: init_trackers(None, config) starts it (the reference
+    takes that); a tracker given by name is built with the project name, so None is refused for it."""
+    tracker = MemoryTracker()
+    accelerator = Accelerator(cpu=True, log_with=tracker)
+    accelerator.init_trackers(None, {"lr": 0.1})
+    assert tracker.events[:2] == ["start", ("config", {"lr": 0.1})]
+    accelerator.end_training()
+    named = Accelerator(cpu=True, log_with="jsonl", project_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"project_name.*got None.*\['jsonl'\] are built with it"):
+        named.init_trackers(None)
 
 
 def test_a_tracker_failing_to_start_closes_the_ones_already_started(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import warnings
 from collections import OrderedDict
 from typing import Optional
 
@@ -113,8 +114,9 @@ def _merge(entries: list, module_name: str, out: list) -> None:
 
 
 def check_device_map(model: nn.Module, device_map: dict) -> None:
-    """Raise a ValueError if ``device_map`` names something that is neither a submodule nor a tensor of
-    ``model``, uses an unknown device, or leaves a parameter or persistent buffer without a device."""
+    """Raise a ValueError if ``device_map`` uses an unknown device or leaves a parameter or persistent buffer
+    without a device. Keys that are neither a submodule nor a tensor of ``model`` place nothing: a UserWarning
+    names them (as the reference does), and they are left out of the placement."""
     if not isinstance(device_map, dict):
         raise ValueError(f"device_map must be a dict like {{'': 'cpu'}} or {{'h.0': 0, 'h.1': 'disk'}}, got {device_map!r}.")
     modules = dict(model.named_modules())
@@ -123,10 +125,9 @@ def check_device_map(model: nn.Module, device_map: dict) -> None:
              | {name for name, _ in model.named_buffers()})
     unknown = [key for key in device_map if key != "" and key not in known]
     if unknown:
-        raise ValueError(
-            f"These device_map keys are not submodules or tensors of {type(model).__name__}: {unknown}. "
-            "Use names from model.named_modules()."
-        )
+        warnings.warn(
+            f"The following device_map keys do not match any submodules or tensors of {type(model).__name__} and "
+            f"place nothing: {unknown}. Use names from model.named_modules().", UserWarning, stacklevel=2)
     for key, value in device_map.items():
         check_device_value(value, key)
     if "" in device_map:

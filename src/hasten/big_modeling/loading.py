@@ -150,7 +150,9 @@ def load_checkpoint_in_model(
                 shutil.rmtree(parked, ignore_errors=True)
 
     if unexpected:
-        logger.warning("Some weights of %s were not used by %s: %s.", os.fspath(checkpoint), type(model).__name__, unexpected)
+        logger.warning("Some weights of the model checkpoint at %s were not used when initializing %s: %s (the "
+                       "model has no such parameters or buffers; they were left out).", os.fspath(checkpoint),
+                       type(model).__name__, unexpected)
     if missing and not strict:
         logger.warning("The checkpoint %s has no value for %s; they keep their current values (meta tensors stay "
                        "empty).", os.fspath(checkpoint), missing)

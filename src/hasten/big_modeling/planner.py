@@ -220,7 +220,8 @@ class DevicePlanner:
         self.used = {device: bytes_ for device, bytes_ in used.items() if bytes_ > 0}
         self._warn_about_buffers(buffer_bytes)
         if minimum_needed:
-            logger.info("No module could be placed on these devices (bytes each would need at least): %s. Give "
+            logger.info("No module could be placed on these devices, for insufficient memory (bytes each would need at "
+                        "least): %s. Give "
                         "them more memory or expect more offloading.", minimum_needed)
         return device_map
 

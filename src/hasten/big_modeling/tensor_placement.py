@@ -92,9 +92,9 @@ def set_module_tensor_to_device(
         if not isinstance(value, torch.Tensor):
             value = torch.tensor(value)
         if old.shape != value.shape and type(old).__name__ != "Params4bit":
-            raise ValueError(
-                f"Cannot put a tensor of shape {tuple(value.shape)} into {tensor_name!r}, which has shape "
-                f"{tuple(old.shape)}: the checkpoint does not match the model."
+            raise ValueError(  # the reference's words, which scripts compare whole
+                f'Trying to set a tensor of shape {value.shape} in "{name}" (which has shape {old.shape}), this '
+                "looks incorrect."
             )
         if dtype is None:
             value = value.to(old.dtype, non_blocking=non_blocking)

@@ -137,9 +137,9 @@ def recursively_apply(func, data, *args, test_type=is_torch_tensor, error_on_oth
         return func(data, *args, **kwargs)
     if error_on_other_type:
         name = getattr(func, "__name__", type(func).__name__)
-        raise TypeError(
-            f"`{name}` got a {type(data).__name__} where it only accepts nested list/tuple/dict of objects "
-            f"passing `{getattr(test_type, '__name__', test_type)}` (tensors by default)."
+        raise TypeError(  # the reference's words, which scripts compare whole
+            f"Unsupported types ({type(data)}) passed to `{name}`. Only nested list/tuple/dicts of objects that are "
+            f"valid for `{getattr(test_type, '__name__', test_type)}` should be passed."
         )
     return data
 

@@ -295,10 +295,11 @@ def launch_command(args) -> None:
 simple_launcher = multi_gpu_launcher = launch_command
 
 
-def deepspeed_launcher(args) -> int:
-    """Accelerate's DeepSpeed launcher: ``hasten launch`` with DeepSpeed switched on (``--use_deepspeed``)."""
+def deepspeed_launcher(args) -> None:
+    """Accelerate's DeepSpeed launcher: ``launch_command`` with DeepSpeed switched on (``--use_deepspeed``); a job
+    that fails raises ``CalledProcessError``."""
     args.use_deepspeed = True
-    return run(args)
+    launch_command(args)
 
 
 def tpu_launcher(args):

@@ -27,10 +27,24 @@ def _filter_args(args, parser, default_args=[]):  # noqa: B006 - Accelerate's si
     return new_args
 
 
+def _completed(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with every ``hasten launch`` option it lacks set to the parser's default, in place (callers build
+    Namespaces by hand with the options they care about); a missing script stays None (nothing to check)."""
+    from .launch import launch_command_parser
+
+    defaults = vars(launch_command_parser().parse_args(["placeholder.py"]))
+    defaults.update(training_script=None, training_script_args=[])
+    for name, value in defaults.items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+    return args
+
+
 def _plan(args):
     """``hasten launch``'s plan for ``args`` (its config file read as ``hasten launch`` reads it)."""
     from .launch import build_plan, load_launch_config
 
+    _completed(args)
     path, config = load_launch_config(getattr(args, "config_file", None))
     return build_plan(args, config, path)
 
@@ -53,6 +67,7 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict:
     for name, value in vars(torchrun.parse_args(plan.torchrun_args)).items():
         if name not in ("training_script", "training_script_args", "module", "no_python"):
             setattr(args, name, value)
+    args.master_port = str(args.master_port)  # a string of digits, as the reference leaves it
     return {**os.environ, **plan.env}
 
 

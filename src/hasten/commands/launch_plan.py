@@ -573,7 +573,8 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
     notes.extend(deepspeed.notes)
     parallel_env, parallel_notes = parallelism_env(args, config, config_path, values["num_processes"])
     notes.extend(parallel_notes)
-    _check_target(args)
+    if getattr(args, "training_script", None) is not None:  # env-only helpers build plans without a script
+        _check_target(args)
     per_machine = values["num_processes"] // values["num_machines"]
     restartable = _restartable_rendezvous(values)
     if restartable == "localhost:0":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import CommandError
+from .errors import CommandError, ExistingFileError, MissingFileError
 from .flags import add_flag
 from .utils import command_parser
 
@@ -62,8 +62,8 @@ def convert_config_to_fsdp2(config: dict) -> dict:
         logger.info("No fsdp_config in the config file: nothing to convert.")
         return config
     if str(fsdp_config.get("fsdp_version", 1)) == "2":
-        logger.warning("The config already says fsdp_version: 2; nothing converted. If its keys still have their "
-                       "FSDP1 names, set fsdp_version: 1 and run again.")
+        logger.warning("Config already specifies FSDP2, skipping conversion... (fsdp_version: 2; nothing converted). "
+                       "If its keys still have their FSDP1 names, set fsdp_version: 1 and run again.")
         return config
     converted = {}
     for key, value in fsdp_config.items():
@@ -112,14 +112,15 @@ def to_fsdp2_command_parser(subparsers=None) -> argparse.ArgumentParser:
 def to_fsdp2_command(args) -> int:
     """Convert and write; nothing is written when the input is missing or the output would be overwritten."""
     if not Path(args.config_file).is_file():
-        raise CommandError(f"--config_file {args.config_file}: no such file.")
+        raise MissingFileError(f"Config file `{args.config_file}` not found (--config_file): no such file.")
     output = args.output_file
     if output is None:
         if not args.overwrite:
             raise CommandError("say where to write: --output_file PATH, or --overwrite to replace the config file.")
         output = args.config_file
     elif Path(output).exists() and not args.overwrite:
-        raise CommandError(f"--output_file {output} already exists; pass --overwrite to replace it.")
+        raise ExistingFileError(f"Output file `{output}` already exists and --overwrite is not set: pass --overwrite "
+                                "to replace it, or another --output_file.")
     try:
         config = convert_config_to_fsdp2(load_config(args.config_file))
     except (ValueError, yaml.YAMLError) as error:

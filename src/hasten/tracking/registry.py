@@ -131,8 +131,8 @@ def filter_trackers(log_with: list[Union[str, LoggerType, GeneralTracker]],
         if not is_tracker_installed(name):
             raise _missing_package_error(name)
         if tracker_class.requires_logging_directory and logging_dir is None:
-            raise ValueError(f"Logging with {name!r} requires a logging directory: give Accelerator(project_dir=...) "
-                             "or project_config=ProjectConfiguration(logging_dir=...).")
+            raise ValueError(f"Logging with `{name}` requires a `logging_dir` to be passed in: give "
+                             "Accelerator(project_dir=...) or project_config=ProjectConfiguration(logging_dir=...).")
         entry = _logger_type(name) or name
         if entry not in loggers:
             loggers.append(entry)

@@ -58,8 +58,12 @@ class TrackerSession:
         if self.is_open and self.log_with:
             raise RuntimeError("init_trackers() was already called for this run: call end_training() before starting "
                                "another one.")
-        if not isinstance(project_name, str) or not project_name:
-            raise ValueError(f"init_trackers(project_name=...) takes a non-empty str, got {project_name!r}.")
+        named = [entry for entry in self.log_with if not isinstance(entry, GeneralTracker)]
+        if (named or project_name is not None) and (not isinstance(project_name, str) or not project_name):
+            # trackers given by name are built with it; tracker objects were built already (None is fine then)
+            raise ValueError(f"init_trackers(project_name=...) takes a non-empty str, got {project_name!r}"
+                             + (f" (the trackers named {[str(e) for e in named]} are built with it)." if named
+                                else "."))
         init_kwargs = {} if init_kwargs is None else init_kwargs
         if not isinstance(init_kwargs, dict) or not all(isinstance(v, dict) for v in init_kwargs.values()):
             raise TypeError("init_trackers(init_kwargs=...) takes {tracker name: {keyword: value}}, e.g. "
@@ -67,7 +71,7 @@ class TrackerSession:
         for entry in self.log_with:
             if not isinstance(entry, GeneralTracker) and LOGGER_TYPE_TO_CLASS[str(entry)].requires_logging_directory \
                     and logging_dir is None:
-                raise ValueError(f"Logging with {str(entry)!r} requires a logging directory, and the Accelerator's "
+                raise ValueError(f"Logging with `{entry}` requires a `logging_dir`, and the Accelerator's "
                                  "project_configuration.logging_dir is None.")
         trackers = []
         for entry in self.log_with:

@@ -316,6 +316,13 @@ def check_student_and_teacher() -> None:
         losses.append(loss.item())
     assert losses[-1] < losses[0] / 2, losses
     expect_error(lambda: state.select_deepspeed_plugin("nobody"), "nobody", "student", "teacher")
+    try:  # as in the reference: the run's plugins are the first Accelerator's
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=1))
+    except NotImplementedError as error:
+        assert "You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`" in str(error), error
+    else:
+        raise AssertionError("a second Accelerator took another DeepSpeed plugin")
+    assert state.deepspeed_plugin is plugins["teacher"]  # nothing changed
     say(accelerator, f"ok: a ZeRO-2 student learns from a ZeRO-3 teacher ({losses[0]:.3f} -> {losses[-1]:.3f})")
 
 

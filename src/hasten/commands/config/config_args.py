@@ -86,6 +86,8 @@ class BaseConfig:
     def _from_settings(cls, settings: dict, source) -> "BaseConfig":
         config = cls.process_config(dict(settings))
         known = {field.name for field in fields(cls)}
+        if "num_processes" not in settings and "num_processes" not in known:  # the default only a cluster has
+            config.pop("num_processes", None)
         extra = sorted(set(config) - known)
         if extra:
             raise ValueError(f"The config file {source} has keys a {cls.__name__} does not take: {extra}.")

@@ -247,8 +247,11 @@ class FSDP2Strategy(Strategy):
 
         inner = getattr(optimizer, "optimizer", optimizer)
         module = self._state_dict_module(_required(model, optimizer))
-        if is_local_state(state_dict):
-            set_optimizer_state_dict(module, inner, state_dict, options=StateDictOptions(full_state_dict=False))
+        entries = state_dict.get("state", {})
+        keyed_by_name = bool(entries) and all(isinstance(key, str) for key in entries)
+        if is_local_state(state_dict) or keyed_by_name:  # this rank's part; FSDP1 on one process (NO_SHARD) keeps
+            set_optimizer_state_dict(module, inner, state_dict,  # whole tensors in it, still keyed by name
+                                     options=StateDictOptions(full_state_dict=False))
             return
         if _holds_tensors(state_dict.get("state", {})):  # else a stateless optimizer (SGD without momentum):
             named = by_name(state_dict, self.optimizer_parameter_names(model, inner))  # torch's loader needs tensors
