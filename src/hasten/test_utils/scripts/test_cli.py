@@ -3,7 +3,7 @@ describes, and says what it ran on. ``hasten launch [--config_file PATH] .../tes
 launches a script of this name, found with ``path_in_hasten_package("test_utils", "scripts", "test_cli.py")``)."""
 import torch
 
-from hasten import PartialState
+from hasten.state import PartialState
 
 
 def main() -> None:
