@@ -95,12 +95,12 @@ def test_one_process_where_the_real_accelerate_is_not_installed(tmp_path):
     mirror = site_packages_without(tmp_path, "accelerate")
     out = tmp_path / "out"
     out.mkdir()
-    result = subprocess.run([*python_with_site(mirror), str(script_path("trainer_scenarios.py")), "ddp,lora,zero2",
+    result = subprocess.run([*python_with_site(mirror), str(script_path("trainer_scenarios.py")), "lora,zero2",
                              str(out)], capture_output=True, text=True, env=clean_env(HASTEN_AS_ACCELERATE="1"),
                             cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     entries = results(out)
-    for scenario in ("ddp", "lora", "zero2"):
+    for scenario in ("lora", "zero2"):  # lora trains the plain path with an adapter; zero2 the DeepSpeed one
         entry = entries[(scenario, False)]
         assert entry["library"].startswith(str(ROOT / "src")) and entry["num_processes"] == 1
         assert entries[(scenario, True)]["losses"] == entry["losses"][4:], scenario
