@@ -567,3 +567,16 @@ def test_prepare_multi_gpu_env_takes_a_namespace_built_by_hand(monkeypatch):
     env = prepare_multi_gpu_env(args)
     assert args.master_port.isdigit() and args.master_port != "0" and args.nproc_per_node == "1"
     assert env["HASTEN_MIXED_PRECISION"] == "bf16"
+
+
+def test_convert_nargs_to_dict_types_name_value_pairs_and_refuses_a_mix_with_bare_flags():
+    from hasten.utils.launch import _convert_nargs_to_dict
+
+    converted = _convert_nargs_to_dict(["--model", "bert", "--do_train", "False", "--epochs", "3", "--lr", "5e-5",
+                                        "--offset", "-1"])
+    assert converted == {"model": "bert", "do_train": False, "epochs": 3, "lr": 5e-5, "offset": -1}
+    assert isinstance(converted["epochs"], int) and isinstance(converted["lr"], float)
+    assert _convert_nargs_to_dict(["--fast", "--quiet"]) == {"fast": True, "quiet": True}
+    assert _convert_nargs_to_dict([]) == {}
+    with pytest.raises(ValueError, match="--do_train, --do_predict"):
+        _convert_nargs_to_dict(["--model", "bert", "--do_train", "--do_test", "False", "--do_predict"])

@@ -82,6 +82,44 @@ def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple:
     return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args], {**os.environ, **plan.env}
 
 
+def _typed(text: str):
+    """A command-line value as SageMaker hyperparameters carry it: ``True``/``False`` as bool, then int, then
+    float, else the text."""
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _convert_nargs_to_dict(nargs: list) -> dict:
+    """A training script's arguments as ``{name: typed value}`` (SageMaker's hyperparameters): each ``--name`` takes
+    the word after it. Options that are all bare flags become True; a mix of bare flags and options with values is
+    a ValueError naming the bare ones (which value belongs to which option cannot be told)."""
+    if not nargs:
+        return {}
+    names = [index for index, word in enumerate(nargs) if word.startswith("--")]
+    if names and names[0] != 0:
+        raise ValueError(f"The script arguments must start with an option (--name), got {nargs[0]!r}.")
+    bare = [nargs[i] for position, i in enumerate(names)
+            if (names[position + 1] if position + 1 < len(names) else len(nargs)) - i == 1]
+    if len(bare) == len(names):
+        return {word.lstrip("-"): True for word in bare}
+    if bare:
+        raise ValueError(f"The script arguments mix flags without a value ({', '.join(bare)}) with options that take "
+                         "one; SageMaker passes them as name/value pairs: give each flag a value (--do_train True).")
+    values = {}
+    for position, i in enumerate(names):
+        end = names[position + 1] if position + 1 < len(names) else len(nargs)
+        if end - i != 2:
+            raise ValueError(f"{nargs[i]} takes one value, got {nargs[i + 1:end]}.")
+        values[nargs[i].lstrip("-")] = _typed(nargs[i + 1])
+    return values
+
+
 def prepare_tpu(args: argparse.Namespace, current_env: dict, pod: bool = False):
     raise backend_not_yet_supported("TPU")
 

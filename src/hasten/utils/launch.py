@@ -3,6 +3,7 @@
 """
 from ..commands.launch_helpers import (  # noqa: F401
     PrepareForLaunch,
+    _convert_nargs_to_dict,
     _filter_args,
     env_var_path_add,
     prepare_deepspeed_cmd_env,
