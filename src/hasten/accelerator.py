@@ -404,8 +404,10 @@ class Accelerator:
                 result[i] = model
             for i, optimizer in zip(optimizer_ids, optimizers):
                 result[i] = optimizer
-            for i in [i for i in fresh if kinds[i] == "data_loader"] if model_ids else []:
-                result[i] = self.strategy.sequence_parallel_loader(result[i], result[model_ids[0]])  # DeepSpeed SP
+            if model_ids:  # loaders prepared with the model are fed to its sequence-parallel group (DeepSpeed SP)
+                for i in fresh:
+                    if kinds[i] == "data_loader":
+                        result[i] = self.strategy.sequence_parallel_loader(result[i], result[model_ids[0]])
 
         for i in fresh:
             if kinds[i] == "scheduler":

@@ -101,23 +101,20 @@ def _convert_nargs_to_dict(nargs: list) -> dict:
     a ValueError naming the bare ones (which value belongs to which option cannot be told)."""
     if not nargs:
         return {}
-    names = [index for index, word in enumerate(nargs) if word.startswith("--")]
-    if names and names[0] != 0:
+    starts = [index for index, word in enumerate(nargs) if word.startswith("--")]
+    if not starts or starts[0] != 0:
         raise ValueError(f"The script arguments must start with an option (--name), got {nargs[0]!r}.")
-    bare = [nargs[i] for position, i in enumerate(names)
-            if (names[position + 1] if position + 1 < len(names) else len(nargs)) - i == 1]
-    if len(bare) == len(names):
-        return {word.lstrip("-"): True for word in bare}
+    options = [(nargs[start], nargs[start + 1:end]) for start, end in zip(starts, starts[1:] + [len(nargs)])]
+    bare = [name for name, words in options if not words]
+    if len(bare) == len(options):
+        return {name.lstrip("-"): True for name in bare}
     if bare:
         raise ValueError(f"The script arguments mix flags without a value ({', '.join(bare)}) with options that take "
                          "one; SageMaker passes them as name/value pairs: give each flag a value (--do_train True).")
-    values = {}
-    for position, i in enumerate(names):
-        end = names[position + 1] if position + 1 < len(names) else len(nargs)
-        if end - i != 2:
-            raise ValueError(f"{nargs[i]} takes one value, got {nargs[i + 1:end]}.")
-        values[nargs[i].lstrip("-")] = _typed(nargs[i + 1])
-    return values
+    for name, words in options:
+        if len(words) != 1:
+            raise ValueError(f"{name} takes one value, got {words}.")
+    return {name.lstrip("-"): _typed(words[0]) for name, words in options}
 
 
 def prepare_tpu(args: argparse.Namespace, current_env: dict, pod: bool = False):

@@ -63,12 +63,11 @@ def _install_target(version: str) -> str:
 def _pod_commands(args, config) -> list:
     """The commands to run, one per line: --command (each may be several words), else --command_file, else the
     config file's commands / command_file."""
-    commands = [" ".join(words) if isinstance(words, list) else str(words) for words in (args.command or [])]
-    command_file = args.command_file
-    if not commands and command_file is None:
-        commands = list(config.get("commands") or [])
-        command_file = config.get("command_file") if not commands else None
-    if command_file is not None and not args.command:
+    if args.command:
+        return [" ".join(words) if isinstance(words, list) else str(words) for words in args.command]
+    commands = list(config.get("commands") or [])
+    command_file = args.command_file or (None if commands else config.get("command_file"))
+    if command_file is not None:
         try:
             with open(command_file, encoding="utf-8") as handle:
                 commands = [line for line in handle.read().splitlines() if line.strip()]

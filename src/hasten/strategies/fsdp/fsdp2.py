@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ...checkpointing.optimizer_names import by_name, by_position, clean_name, is_local_state, is_shard, parameter_names
+from ...checkpointing.optimizer_names import by_name, by_position, clean_name, is_shard, parameter_names
 from ...config.enums import DistributedType
 from ..base import Strategy
 from .wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
@@ -102,7 +102,7 @@ class FSDP2Strategy(Strategy):
             model = self.shard_model(self.precision.wrap_forward(model))
             prepared.append(compile_model(model) if compile_model is not None else model)
         for optimizer in optimizers:  # names in the optimizer's own order: its state's positions in a checkpoint
-            if any(id(p) in originals for group in optimizer.param_groups for p in group["params"]):
+            if _holds_originals(optimizer, originals):
                 self._optimizer_names[id(optimizer)] = [[originals.get(id(p), "") for p in group["params"]]
                                                         for group in optimizer.param_groups]
             # else: built on parameters sharded already (prepared after its model): named from the model itself
@@ -113,7 +113,7 @@ class FSDP2Strategy(Strategy):
         """Point the optimizers at the sharded parameters that replaced the originals (matched by name)."""
         sharded = {clean_name(n): p for model in prepared for n, p in self.unwrap(model).named_parameters()}
         for optimizer in optimizers:
-            if any(id(p) in originals for group in optimizer.param_groups for p in group["params"]):
+            if _holds_originals(optimizer, originals):
                 _repoint(optimizer, originals, sharded)
             # else: built on the parameters of a model prepared before (the Accelerator checked), nothing to re-point
 
@@ -242,18 +242,17 @@ class FSDP2Strategy(Strategy):
         return by_position(named, self.optimizer_parameter_names(model, inner), inner.param_groups)
 
     def load_optimizer_state_dict(self, model: Optional[nn.Module], optimizer, state_dict: dict) -> None:
-        """A full state laid out by position (full files), or this rank's shards keyed by name (sharded files)."""
+        """A full state laid out by position (full files), or this rank's part keyed by name (sharded files: shards,
+        or whole tensors where FSDP1 on one process does not shard)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         inner = getattr(optimizer, "optimizer", optimizer)
         module = self._state_dict_module(_required(model, optimizer))
         entries = state_dict.get("state", {})
-        keyed_by_name = bool(entries) and all(isinstance(key, str) for key in entries)
-        if is_local_state(state_dict) or keyed_by_name:  # this rank's part; FSDP1 on one process (NO_SHARD) keeps
-            set_optimizer_state_dict(module, inner, state_dict,  # whole tensors in it, still keyed by name
-                                     options=StateDictOptions(full_state_dict=False))
+        if entries and all(isinstance(key, str) for key in entries):  # keyed by name: this rank's part
+            set_optimizer_state_dict(module, inner, state_dict, options=StateDictOptions(full_state_dict=False))
             return
-        if _holds_tensors(state_dict.get("state", {})):  # else a stateless optimizer (SGD without momentum):
+        if _holds_tensors(entries):  # else a stateless optimizer (SGD without momentum):
             named = by_name(state_dict, self.optimizer_parameter_names(model, inner))  # torch's loader needs tensors
             set_optimizer_state_dict(module, inner, named, options=self._options())
         for live, saved in zip(inner.param_groups, state_dict["param_groups"]):  # hyperparameters as saved
@@ -262,13 +261,14 @@ class FSDP2Strategy(Strategy):
 
 def _holds_tensors(state) -> bool:
     """Whether an optimizer's ``state`` holds a tensor with elements (a stateless optimizer's holds none)."""
-    if isinstance(state, torch.Tensor):
-        return state.dim() > 0
-    if isinstance(state, dict):
-        return any(_holds_tensors(value) for value in state.values())
-    if isinstance(state, (list, tuple)):
-        return any(_holds_tensors(value) for value in state)
-    return False
+    from torch.utils._pytree import tree_leaves
+
+    return any(isinstance(leaf, torch.Tensor) and leaf.dim() > 0 for leaf in tree_leaves(state))
+
+
+def _holds_originals(optimizer, originals: dict) -> bool:
+    """Whether ``optimizer`` was built on the parameters being sharded now (not on a model prepared before)."""
+    return any(id(p) in originals for group in optimizer.param_groups for p in group["params"])
 
 
 def _checkpoint_io(plugin):
