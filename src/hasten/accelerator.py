@@ -25,6 +25,7 @@ from .compile import apply_dynamo_plugin, remove_regional_compilation
 from .config.accelerator_settings import SPLIT_BATCHES_UNSET, resolve_accelerator_settings
 from .config.booleans import parse_bool
 from .config.kwargs import AutocastKwargs, InitProcessGroupKwargs, ProfileKwargs
+from .core.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from .core.lazy import build_table, lazy_exports
 from .core.memory import release_memory
 from .evaluation import gather_for_metrics as _gather_for_metrics
@@ -470,6 +471,8 @@ class Accelerator:
                 "model's parameters)."
             )
         self._check_optimizers_belong_to_models(models, optimizers)
+        if not evaluation_mode:
+            self._check_quantized_models(models)
         models, raw_optimizers = self.strategy.prepare_training(
             models, optimizers, model_placement, evaluation_mode,
             compile_model=lambda model: apply_dynamo_plugin(model, self.dynamo_plugin),
@@ -482,6 +485,19 @@ class Accelerator:
             self._prepared.add(original)
         return ([self._remember(m, self._models) for m in models],
                 [self._remember(o, self._optimizers) for o in wrapped])
+
+    def _check_quantized_models(self, models) -> None:
+        """Refuse to train a bitsandbytes model placed where its training fails (quantization/training.py)."""
+        quantized = [m for m in models if getattr(m, "hf_device_map", None)
+                     and (getattr(m, "is_loaded_in_8bit", False) or getattr(m, "is_loaded_in_4bit", False))]
+        if not quantized:
+            return
+        from .quantization.training import check_quantized_model_trainable
+
+        offload_supported = is_bitsandbytes_multi_backend_available() or is_xpu_available()
+        for model in quantized:
+            check_quantized_model_trainable(model, distributed=self.state.use_distributed, device=self.device,
+                                            offload_supported=offload_supported)
 
     def _check_optimizers_belong_to_models(self, new_models, optimizers) -> None:
         """Warn about an optimizer that trains no parameter of a prepared model: it may have been built on a copy

@@ -14,6 +14,7 @@ import datetime
 import functools
 import os
 import threading
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -178,7 +179,14 @@ class PartialState:
                 self._init_process_group(device_type, kwargs)
             self.backend = dist.get_backend()
             self.distributed_type = _MULTI_TYPE[device_type]
-        if device_type == "cpu":
+        if device_type == "cpu" and chosen is not None and chosen.type == "cpu" and chosen.index is not None:
+            warnings.warn(
+                f"HASTEN_TORCH_DEVICE / ACCELERATE_TORCH_DEVICE={str(chosen)!r}: torch keeps every CPU tensor on "
+                "'cpu' whatever the index, so the state's device is the name as given but tensors report 'cpu'.",
+                stacklevel=2,
+            )
+            self.device = chosen
+        elif device_type == "cpu":
             self.device = torch.device("cpu")
         elif chosen is not None and chosen.index is not None:
             self.device = chosen

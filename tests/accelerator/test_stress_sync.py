@@ -2,7 +2,7 @@
 
 Every collective hasten issues must be entered by all processes whatever the timing. A collective that
 depends on something local to one process (how fast it is, its log level, where its data loader ends ...)
-shows up here as a hang, which the timeout turns into a failure; tests/accelerator/stress_sync.py then prints
+shows up here as a hang, which the timeout turns into a failure; hasten/test_utils/scripts/test_sync.py then prints
 every process's stack (faulthandler), which names the collective each one is waiting in. See
 docs/debugging.md, "Hunting a rare hang".
 """
@@ -17,11 +17,12 @@ from pathlib import Path
 
 from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env
 
-HERE = Path(__file__).resolve().parent  # the scripts these tests launch live beside them
+from hasten.test_utils import path_in_hasten_package
+
 
 ROUNDS = 8  # each round: 17 Accelerators, 18 DDP models, 8 dispatching loaders; about 1 s on a loaded 2-core CPU
 HANG_TIMEOUT = 100  # a run takes 15-25 s here; one still running after this is stuck in a collective
-DUMP_AFTER = 20  # stress_sync.py dumps every thread's stack when one round takes longer than this
+DUMP_AFTER = 20  # test_sync.py dumps every thread's stack when one round takes longer than this
 
 
 def _descendants(pid: int) -> list:
@@ -87,9 +88,9 @@ def _run_loaded(command: list) -> subprocess.CompletedProcess:
 
 
 def test_sync_scenarios_under_hasten_launch_on_a_loaded_cpu():
-    script = str(HERE / "stress_sync.py")
+    script = str(path_in_hasten_package("test_utils", "scripts", "test_sync.py"))
     result = _run_loaded([sys.executable, "-m", "hasten", "launch", "-n", "2", script, str(ROUNDS)])
-    assert f"stress_sync OK: {ROUNDS} rounds on 2 processes" in result.stdout
+    assert f"test_sync OK: {ROUNDS} rounds on 2 processes" in result.stdout
 
 
 def test_sync_scenarios_under_debug_launcher_on_a_loaded_cpu():
@@ -97,9 +98,8 @@ def test_sync_scenarios_under_debug_launcher_on_a_loaded_cpu():
     test before), then the two-process run, whose workers must start from their own state."""
     driver = textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {str(HERE)!r})
-        import stress_sync
         from hasten import Accelerator, debug_launcher
+        from hasten.test_utils import test_sync
 
         def alone():
             accelerator = Accelerator()
@@ -108,8 +108,8 @@ def test_sync_scenarios_under_debug_launcher_on_a_loaded_cpu():
 
         debug_launcher(alone, num_processes=1)
         Accelerator(cpu=True)
-        debug_launcher(stress_sync.main, args=({ROUNDS},), num_processes=2)
+        debug_launcher(test_sync.main, args=({ROUNDS},), num_processes=2)
     """)
     result = _run_loaded([sys.executable, "-c", driver])
     assert "debug_launcher: 1 process OK" in result.stdout, result.stdout[-2000:]
-    assert f"stress_sync OK: {ROUNDS} rounds on 2 processes" in result.stdout
+    assert f"test_sync OK: {ROUNDS} rounds on 2 processes" in result.stdout

@@ -213,6 +213,17 @@ def test_accelerate_torch_device_chooses_the_device(monkeypatch):
     assert PartialState().device == torch.device("cpu")
 
 
+def test_an_indexed_cpu_device_is_kept_as_named_with_a_warning(monkeypatch):
+    from hasten import Accelerator
+
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu:3")
+    with pytest.warns(UserWarning, match="whatever the index"):
+        accelerator = Accelerator()
+    assert str(accelerator.device) == "cpu:3"
+    model = accelerator.prepare(torch.nn.Linear(2, 2))  # torch places it on the one CPU
+    assert next(model.parameters()).device.type == "cpu"
+
+
 @pytest.mark.parametrize("value", ["not-a-device", "cuda:0"])
 def test_a_torch_device_that_cannot_be_used_is_refused(monkeypatch, value):
     from hasten.state import PartialState

@@ -142,6 +142,8 @@ def test_dvclive_local_files(tmp_path, monkeypatch):
     folder = tmp_path / "logs" / "dvclive"
     rows = (folder / "plots" / "metrics" / "loss.tsv").read_text().split()
     assert rows[:2] == ["step", "loss"] and [float(v) for v in rows[3::2]] == LOSSES
+    text = (folder / "plots" / "metrics" / "phase.tsv").read_text().split()  # strings are metrics, step by step
+    assert text == ["step", "phase", "0", "train", "1", "train", "2", "train"]
     assert "lr: 0.25" in (folder / "params.yaml").read_text()
     assert not (tmp_path / "dvc.yaml").exists()  # nothing written to the working directory
 

@@ -3,10 +3,13 @@
 ``testing`` has the skip decorators (``require_cuda``, ``require_multi_device``, ``slow`` ...), the launch and
 subprocess helpers (``get_launch_command``, ``execute_subprocess_async``) and the machine's device
 (``torch_device``, ``device_count``); ``training`` has ``RegressionDataset`` / ``RegressionModel``;
-``scripts`` holds the script ``hasten test`` launches. See docs/testing-helpers.md.
+``scripts`` holds the script ``hasten test`` launches and the self-checks Accelerate's test suites launch
+(``test_script``, ``test_ops``, ``test_sync``; importable from here by those names, loaded on first use). See
+docs/testing-helpers.md.
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from .testing import (
@@ -72,8 +75,18 @@ __all__ = [
     "require_single_device", "require_single_gpu", "require_single_xpu", "require_torch_min_version",
     "require_torchao", "require_torchvision", "require_tpu", "require_transformer_engine",
     "require_transformer_engine_mxfp8", "require_xpu", "run_first", "skip", "slow", "torch_device",
-    "RegressionDataset", "RegressionModel", "sanity_script_path",
+    "RegressionDataset", "RegressionModel", "sanity_script_path", "test_ops", "test_script", "test_sync",
 ]
+
+_SCRIPTS = ("test_ops", "test_script", "test_sync")
+
+
+def __getattr__(name: str):
+    """``from hasten.test_utils import test_script`` loads the packaged script module then (it imports the
+    Accelerator, which importing the helpers alone should not)."""
+    if name in _SCRIPTS:
+        return importlib.import_module(f"{__name__}.scripts.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def sanity_script_path() -> Path:

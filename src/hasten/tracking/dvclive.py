@@ -47,18 +47,26 @@ class DVCLiveTracker(GeneralTracker):
 
     @on_main_process
     def log(self, values: dict, step: Optional[int] = None, **kwargs):
-        """Numbers become metrics (``a/b`` for a dict's entries); strings, which DVCLive cannot plot, become params."""
+        """Numbers and strings become metrics at this step (``a/b`` for a dict's entries). A string is a param
+        instead where the installed DVCLive refuses text metrics (releases before 3.0)."""
         if step is not None:
             self.live.step = step
         for key, value in prepare_log_values(values).items():
-            if isinstance(value, str):
-                self.live.log_param(key, value)
-            elif isinstance(value, dict):
+            if isinstance(value, dict):
                 for sub, inner in value.items():
-                    self.live.log_metric(f"{key}/{sub}", inner, **kwargs)
+                    self._log_one(f"{key}/{sub}", inner, kwargs)
             else:
-                self.live.log_metric(key, value, **kwargs)
+                self._log_one(key, value, kwargs)
         self.live.next_step()
+
+    def _log_one(self, name: str, value, kwargs: dict) -> None:
+        if isinstance(value, str):
+            from dvclive.plots import Metric
+
+            if not Metric.could_log(value):
+                self.live.log_param(name, value)
+                return
+        self.live.log_metric(name, value, **kwargs)
 
     @on_main_process
     def finish(self):

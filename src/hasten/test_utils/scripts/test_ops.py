@@ -1,4 +1,6 @@
-"""Run with `hasten launch -n N` (N >= 2): every collective of hasten.utils.operations across real processes.
+"""Every collective of ``hasten.utils.operations`` across real processes (Accelerate's
+``test_utils.scripts.test_ops``): run with ``hasten launch -n N <this file>`` (N >= 2), or call ``main()`` through
+``debug_launcher``.
 
 Each rank builds its inputs from its rank number, so every expected result is built here independently, from
 plain torch, out of the inputs all ranks would have made.
@@ -13,9 +15,9 @@ from collections import OrderedDict, namedtuple
 import torch
 
 from hasten.state import PartialState
-from hasten.utils.operations import (
-    DistributedOperationException, broadcast, broadcast_object_list, gather, gather_object, pad_across_processes,
-    reduce,
+from hasten.collectives.checks import DistributedOperationException
+from hasten.collectives.operations import (
+    broadcast, broadcast_object_list, gather, gather_object, pad_across_processes, reduce,
 )
 
 Pair = namedtuple("Pair", ["x", "y"])
@@ -258,7 +260,7 @@ def check_mismatches_in_debug_mode(n, rank, state):
 def main():
     state = PartialState()
     n, rank = state.num_processes, state.process_index
-    assert n >= 2 and state.use_distributed and state.backend == "gloo", state
+    assert n >= 2 and state.use_distributed, f"test_ops needs 2 processes or more, not {state}"
     assert state.debug is (os.environ.get("HASTEN_DEBUG_MODE") == "1")
     for debug in (False, True):  # the fast path, then the same inputs through the mismatch check
         state.debug = debug
@@ -270,7 +272,7 @@ def main():
     check_mismatches_in_debug_mode(n, rank, state)
     state.wait_for_everyone()
     if state.is_main_process:
-        print(f"check_operations OK on {n} processes", flush=True)
+        print(f"test_ops OK on {n} processes", flush=True)
     state.destroy_process_group()
 
 
