@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env
 

@@ -20,7 +20,7 @@ import logging
 from hasten.logging import get_logger
 
 from hasten.accelerator import Accelerator
-from hasten.collectives.random import set_seed, synchronize_rng_states
+from hasten.collectives.random import synchronize_rng_states
 from hasten.config.accumulation import GradientAccumulationPlugin
 from hasten.config.data import DataLoaderConfiguration
 from hasten.config.enums import DistributedType
