@@ -44,6 +44,8 @@ IDENTITY = """
     assert accelerate.state.AcceleratorState is hasten.AcceleratorState
     assert prepare_data_loader is sys.modules["hasten.data"].prepare_data_loader
     assert str(DistributedType.MULTI_CPU) == "DistributedType.MULTI_CPU" and DistributedType.MULTI_CPU == "MULTI_CPU"
+    from accelerate.commands.accelerate_cli import main  # what Accelerate's `accelerate` console script imports
+    assert main is sys.modules["hasten.commands.cli"].main
     try:
         import accelerate.no_such_module
     except ModuleNotFoundError:
@@ -150,6 +152,18 @@ def test_hasten_launch_as_accelerate_sets_the_variable_for_the_workers(tmp_path)
     assert build_plan(args, None, None).env["HASTEN_AS_ACCELERATE"] == "1"
     args = launch_command_parser().parse_args(["-n", "2", str(script)])
     assert "HASTEN_AS_ACCELERATE" not in build_plan(args, None, None).env
+
+
+def test_accelerates_console_script_runs_hasten(tmp_path):
+    """The `accelerate` command installed by the real package (its entry point imports
+    accelerate.commands.accelerate_cli) runs hasten's command line under the switch."""
+    script = tmp_path / "accelerate"
+    script.write_text("import sys\nfrom accelerate.commands.accelerate_cli import main\nsys.exit(main())\n")
+    env = clean_env(HASTEN_AS_ACCELERATE="1")
+    result = subprocess.run([sys.executable, str(script), "env"], capture_output=True, text=True, env=env, cwd=ROOT,
+                            timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "## hasten environment" in result.stdout, result.stdout
 
 
 def test_accelerates_logger_names_reach_hastens_records():

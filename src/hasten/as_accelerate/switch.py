@@ -22,8 +22,14 @@ _ALIAS = "accelerate"
 _HOME = "hasten"
 
 
+#: Accelerate's modules that hasten keeps under its own name (the console script ``accelerate`` imports
+#: ``accelerate.commands.accelerate_cli``).
+_RENAMED = {".commands.accelerate_cli": ".commands.hasten_cli"}
+
+
 def _home_name(fullname: str) -> str:
-    return _HOME + fullname[len(_ALIAS):]
+    tail = fullname[len(_ALIAS):]
+    return _HOME + _RENAMED.get(tail, tail)
 
 
 def _top_module() -> types.ModuleType:

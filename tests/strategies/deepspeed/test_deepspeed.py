@@ -202,12 +202,6 @@ def test_the_plugin_refuses_an_unknown_stage_and_nvme_without_a_path(clean_env_v
         Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, offload_param_device="nvme"))
 
 
-def test_fp16_on_the_cpu_is_refused_before_any_process_group(clean_env_vars):
-    with pytest.raises(ValueError, match="mixed_precision='bf16'"):
-        Accelerator(cpu=True, mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
-    assert not torch.distributed.is_initialized()
-
-
 def test_zero3_init_is_for_stage_3_only(clean_env_vars):
     with pytest.raises(ValueError, match="zero_stage=3"):
         DeepSpeedPlugin(zero_stage=2).zero3_init()
@@ -263,3 +257,18 @@ def test_without_deepspeed_installed_the_error_names_the_extra(tmp_path):
 def clean_env_vars(monkeypatch):
     for key in ("HASTEN_USE_DEEPSPEED", "HASTEN_DEEPSPEED_ZERO_STAGE"):
         monkeypatch.delenv(key, raising=False)
+
+
+def test_fp16_on_the_cpu_is_refused_at_prepare_not_when_the_accelerator_is_made(clean_env_vars):
+    """The config can be read (and the state built) as in the reference; DeepSpeed itself fails to build an fp16
+    engine on a CPU, so prepare refuses before touching the model."""
+    from hasten import Accelerator
+
+    accelerator = Accelerator(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+    assert accelerator.state.deepspeed_plugin.deepspeed_config["fp16"]["enabled"] is True
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=2)
+    with pytest.raises(ValueError, match="fp16 on the CPU.*mixed_precision='bf16'"):
+        accelerator.prepare(model, optimizer, loader)
+    assert not accelerator._models and not getattr(model, "_is_accelerate_prepared", False)

@@ -50,10 +50,13 @@ def _get(config: dict, dotted: str, default=None):
     return node
 
 
-def check_plugin_config(config: dict, device_type: str, mixed_precision: str, what: str = "DeepSpeed config") -> None:
+def check_plugin_config(config: dict, device_type: str, mixed_precision: str, what: str = "DeepSpeed config",
+                        engine_precision: bool = True) -> None:
     """Refuse what no engine can run, before anything is built: an unknown ZeRO stage, an offload device without
     its nvme path or outside none|cpu|nvme, fp16 on a CPU. Offload settings the stage ignores (parameters below
-    stage 3, the optimizer at stage 0) are warned about: DeepSpeed trains without them, as in the reference."""
+    stage 3, the optimizer at stage 0) are warned about: DeepSpeed trains without them, as in the reference.
+    ``engine_precision=False`` (the Accelerator being made) leaves fp16 on a CPU to ``prepare``: the config can
+    still be read and filled, as the reference allows; only building the engine would fail."""
     stage = _get(config, "zero_optimization.stage", 0)
     if stage != "auto" and (isinstance(stage, bool) or stage not in _STAGES):
         raise ValueError(f"{what}: zero_optimization.stage={stage!r} is not a ZeRO stage: use 0, 1, 2 or 3.")
@@ -74,6 +77,8 @@ def check_plugin_config(config: dict, device_type: str, mixed_precision: str, wh
         if device != "none" and kind == "offload_optimizer" and stage == 0:
             logger.warning("%s: offload_optimizer is a ZeRO stage 1-3 feature (the stage is 0); DeepSpeed trains "
                            "without partitioning the optimizer.", what)
+    if not engine_precision:
+        return  # the Accelerator is being made: its config can still be read and filled without an engine
     fp16 = str(_get(config, "fp16.enabled", False)).lower() == "true" or mixed_precision == "fp16"
     if fp16 and device_type == "cpu":
         raise ValueError(

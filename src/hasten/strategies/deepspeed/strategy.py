@@ -77,8 +77,9 @@ class DeepSpeedStrategy(Strategy):
             if not isinstance(value, DeepSpeedPlugin):
                 raise TypeError(f"deepspeed_plugin{'' if name is None else f's[{name!r}]'} must be a DeepSpeedPlugin, "
                                 f"got {type(value).__name__}.")
-            check_plugin_config(value.deepspeed_config, state.device.type, mixed_precision,
-                                what="DeepSpeed config" + ("" if name is None else f" of plugin {name!r}"))
+            check_plugin_config(value.deepspeed_config, state.device.type, mixed_precision,  # fp16: at prepare
+                                what="DeepSpeed config" + ("" if name is None else f" of plugin {name!r}"),
+                                engine_precision=False)
             value.set_mixed_precision(mixed_precision)  # the fp16 / bf16 sections; a contradiction raises
         if dims is not None and dims.model_parallel and dims.sp == 1:
             raise ValueError("DeepSpeed here shards over data-parallel ranks only: a ParallelismConfig with tensor, "
