@@ -239,7 +239,8 @@ class DeepSpeedPlugin:
         self._accumulation_given = "gradient_accumulation_steps" in config
         config.setdefault("gradient_accumulation_steps", 1)
         if "zero_optimization" not in config:
-            raise ValueError("The DeepSpeed config has no 'zero_optimization' section: add one (with its 'stage').")
+            raise ValueError("Please specify the ZeRO optimization config in the DeepSpeed config. It has no "
+                             "'zero_optimization' section: add one (with its 'stage').")
         self._deepspeed_config_checks()
         values = {key: getattr(self, field) for field, key in _PLUGIN_TO_CONFIG.items()
                   if getattr(self, field) is not None}
@@ -327,8 +328,9 @@ class DeepSpeedPlugin:
         if mixed_precision != "no":
             other = "bf16" if mixed_precision == "fp16" else "fp16"
             if str(ds_config.get(other, {}).get("enabled", "False")).lower() == "true":
-                raise ValueError(f"mixed_precision cannot be {mixed_precision!r} when the DeepSpeed config enables "
-                                 f"{other}.")
+                raise ValueError(f"`--mixed_precision` arg cannot be set to `{mixed_precision}` when `{other}` is set "
+                                 f"in the DeepSpeed config file. mixed_precision={mixed_precision!r} contradicts the "
+                                 f"config's enabled {other} section: choose one of them.")
         for dtype in ("fp16", "bf16"):
             ds_config.setdefault(dtype, {"enabled": False})
         self.fill_match("fp16.enabled", must_match=False, **kwargs)
@@ -411,7 +413,8 @@ class DeepSpeedPlugin:
         fields = from_env("DeepSpeedPlugin", "hf_ds_config", None, "", str, setting="config_ds_fields").split(",")
         if any(name in ignored for name in fields):
             raise ValueError(f"With a DeepSpeed config file, these config settings are ignored: {ignored}. Set them "
-                             "in the DeepSpeed config file instead and remove them from the hasten config.")
+                             "in the DeepSpeed config file instead. If you are using an accelerate config file, remove "
+                             "others config variables mentioned in the above specified list.")
 
     def set_moe_leaf_modules(self, model):
         """Make the modules of the classes named in ``transformer_moe_cls_names`` ZeRO-3 leaf modules (gathered

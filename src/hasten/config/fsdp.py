@@ -159,8 +159,8 @@ class FullyShardedDataParallelPlugin:
 
         self.backward_prefetch = self._env("backward_prefetch", None, prefetch)
         if v2 and self.backward_prefetch is not None:
-            notes.add("backward_prefetch is not supported in FSDP2. Setting backward prefetch to None (FSDP2 prefetches "
-                      "by itself).")
+            notes.add("backward_prefetch is not supported in FSDP2. Setting backward prefetch to None. FSDP2 prefetches "
+                      "by itself.")
             self.backward_prefetch = None
 
         self.set_state_dict_type()

@@ -1,4 +1,5 @@
 """Accelerate's import path ``accelerate.utils.fsdp_utils``: FSDP helper functions (``hasten/strategies/``)."""
+from ..compile import is_compiled_module  # noqa: F401
 from ..config.fsdp import get_module_class_from_name  # noqa: F401
 from ..core.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME  # noqa: F401
 from ..logging import get_logger  # noqa: F401
@@ -24,10 +25,12 @@ from ..strategies.fsdp.functions import (  # noqa: F401
     merge_fsdp_weights,
 )
 
+logger = get_logger("hasten.strategies.fsdp")  # Accelerate's module-level logger name in this module
+
 __all__ = [
     "enable_fsdp_ram_efficient_loading", "disable_fsdp_ram_efficient_loading", "save_fsdp_model", "load_fsdp_model",
     "save_fsdp_optimizer", "load_fsdp_optimizer", "merge_fsdp_weights", "ensure_weights_retied",
     "fsdp2_load_full_state_dict", "fsdp2_switch_optimizer_parameters", "fsdp2_apply_ac", "fsdp2_prepare_model",
     "fsdp2_prepare_auto_wrap_policy", "get_fsdp2_grad_scaler", "fsdp2_canonicalize_names",
-    "get_parameters_from_modules", "get_module_class_from_name", "get_logger", "SAFE_WEIGHTS_NAME", "WEIGHTS_NAME",
+    "get_parameters_from_modules", "get_module_class_from_name", "get_logger", "is_compiled_module", "SAFE_WEIGHTS_NAME", "WEIGHTS_NAME",
 ]

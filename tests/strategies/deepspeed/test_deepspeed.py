@@ -2,6 +2,7 @@
 "auto" filling table, and the choices refused before any engine or process group exists. Training numbers for
 every ZeRO stage, and checkpoints across strategies, are the conformance suite's (test_strategy_conformance.py)."""
 import importlib.util
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -113,10 +114,24 @@ def test_the_largest_loader_decides_with_is_train_batch_min_false_and_hidden_siz
     assert micro_batch_size([], 2, True) is None
 
 
-def test_a_model_without_a_hidden_size_leaves_those_values_to_deepspeed():
-    config = resolved_config(_auto_plugin(), model=nn.Linear(2, 2), loaders=[_loader(2)], data_parallel_size=2)
-    zero = config["zero_optimization"]
-    assert not {"reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"} & set(zero)
+@pytest.mark.parametrize("model, message", [
+    (nn.Linear(2, 2), "Can't find `model.config` entry"),
+    (WithConfig(vocab_size=8), "Can find neither `model.config.hidden_size` nor `model.config.hidden_sizes`"),
+])
+def test_auto_bucket_sizes_need_the_models_hidden_size_as_in_the_reference(model, message):
+    """Accelerate refuses these too: the three 'auto' sizes come from model.config.hidden_size."""
+    with pytest.raises(ValueError, match=re.escape(message) + ".*zero_optimization.reduce_bucket_size"):
+        resolved_config(_auto_plugin(), model=model, loaders=[_loader(2)], data_parallel_size=2)
+
+
+def test_bucket_sizes_the_config_sets_need_no_hidden_size_and_without_a_model_deepspeed_decides():
+    plugin = _auto_plugin(zero_optimization={"stage": 3, "reduce_bucket_size": 1000})
+    config = resolved_config(plugin, model=nn.Linear(2, 2), loaders=[_loader(2)], data_parallel_size=2)
+    assert config["zero_optimization"]["reduce_bucket_size"] == 1000
+    config = resolved_config(_auto_plugin(), model=None, optimizer=object(), loaders=[_loader(2)],
+                             data_parallel_size=2)
+    assert not set(config["zero_optimization"]) & {"reduce_bucket_size", "stage3_prefetch_bucket_size",
+                                                   "stage3_param_persistence_threshold"}
 
 
 def test_the_plugins_gradient_clipping_and_dummy_scheduler_fill_their_auto_values():
@@ -124,7 +139,7 @@ def test_the_plugins_gradient_clipping_and_dummy_scheduler_fill_their_auto_value
         "warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}})
     plugin.gradient_clipping = 0.3
     optimizer = DummyOptim([torch.zeros(1)], lr=0.05)
-    config = resolved_config(plugin, model=nn.Linear(1, 1), optimizer=optimizer,
+    config = resolved_config(plugin, model=WithConfig(hidden_size=4), optimizer=optimizer,
                              scheduler=DummyScheduler(optimizer, total_num_steps=100, warmup_num_steps=10),
                              loaders=[_loader(2)], data_parallel_size=2)
     assert config["gradient_clipping"] == 0.3
@@ -136,7 +151,7 @@ def test_config_values_that_differ_from_the_run_are_used_and_all_named_with_both
     """As in the reference: a number the config sets is the engine's; the warning names every difference."""
     plugin = _auto_plugin(train_micro_batch_size_per_gpu=16, gradient_accumulation_steps=5)
     with caplog.at_level(logging.WARNING):
-        config = resolved_config(plugin, model=nn.Linear(1, 1), loaders=[_loader(4)], accumulation_steps=2,
+        config = resolved_config(plugin, model=WithConfig(hidden_size=4), loaders=[_loader(4)], accumulation_steps=2,
                                  data_parallel_size=2)
     assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (16, 5)
     assert config["train_batch_size"] == 16 * 5 * 2  # the "auto" filled from the values the engine uses
@@ -149,7 +164,8 @@ def test_batch_sizes_that_do_not_multiply_out_are_refused():
     plugin = _auto_plugin(train_batch_size=30, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2)
     with pytest.raises(ValueError, match=r"train_batch_size=30, but train_micro_batch_size_per_gpu=4 x "
                                          r"gradient_accumulation_steps=2 x 2 data-parallel processes = 16"):
-        resolved_config(plugin, model=nn.Linear(1, 1), loaders=[], accumulation_steps=2, data_parallel_size=2)
+        resolved_config(plugin, model=WithConfig(hidden_size=4), loaders=[], accumulation_steps=2,
+                        data_parallel_size=2)
 
 
 def test_an_auto_micro_batch_without_any_prepared_loader_says_how_to_fix_it():

@@ -77,13 +77,41 @@ def check_plugin_config(config: dict, device_type: str, mixed_precision: str, wh
         if device != "none" and kind == "offload_optimizer" and stage == 0:
             logger.warning("%s: offload_optimizer is a ZeRO stage 1-3 feature (the stage is 0); DeepSpeed trains "
                            "without partitioning the optimizer.", what)
-    if not engine_precision:
-        return  # the Accelerator is being made: its config can still be read and filled without an engine
+    if engine_precision:
+        check_engine_precision(config, device_type, mixed_precision)
+
+
+def check_engine_precision(config: dict, device_type: str, mixed_precision: str) -> None:
+    """DeepSpeed builds no fp16 engine on a CPU (its loss scaler needs a GPU): said before it is asked to."""
     fp16 = str(_get(config, "fp16.enabled", False)).lower() == "true" or mixed_precision == "fp16"
     if fp16 and device_type == "cpu":
         raise ValueError(
             "DeepSpeed refuses fp16 on the CPU (its loss scaler and fused kernels need a GPU): use "
             "mixed_precision='bf16' (or fp32) on CPUs, or run on a GPU.")
+
+
+_HIDDEN_SIZE_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+
+
+def _hidden_size_for_auto_buckets(config: dict, model) -> Optional[int]:
+    """The hidden size that fills the config's ``"auto"`` bucket sizes (None when none is ``"auto"`` or no model is
+    given). A model without a transformers-style config, or whose config has no hidden size, cannot fill them: as in
+    the reference, that is refused, saying which values to set by hand."""
+    zero = config.get("zero_optimization") or {}
+    auto = [key for key in _HIDDEN_SIZE_KEYS if zero.get(key) == "auto"]
+    if not auto or model is None:
+        return None
+    if getattr(model, "config", None) is None:
+        raise ValueError(
+            "Can't find `model.config` entry, please specify the values manually in the DeepSpeed config instead of "
+            f"'auto': zero_optimization.{', zero_optimization.'.join(auto)} are computed from a transformers-style "
+            "model.config.hidden_size, and this model has no config.")
+    hidden = hidden_size_of(model)
+    if hidden is None:
+        raise ValueError(
+            "Can find neither `model.config.hidden_size` nor `model.config.hidden_sizes`, please specify the values "
+            f"manually in the DeepSpeed config instead of 'auto': zero_optimization.{', zero_optimization.'.join(auto)}.")
+    return hidden
 
 
 def hidden_size_of(model) -> Optional[int]:
@@ -158,7 +186,7 @@ def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loade
     config.setdefault("zero_allow_untested_optimizer", True)  # any torch optimizer the script built (SGD, ...)
     if not getattr(plugin, "_accumulation_given", True):  # a config file without it: the Accelerator's
         config["gradient_accumulation_steps"] = "auto"
-    check_plugin_config(config, device_type, mixed_precision)
+    check_plugin_config(config, device_type, mixed_precision, engine_precision=False)  # precision: once filled
     filler = _Filler(config)
     # loader_processes: the processes the loaders are sharded over when not DeepSpeed's data-parallel ones (all of
     # them under sequence parallelism)
@@ -185,14 +213,14 @@ def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loade
     plugin_precision = {"fp16.enabled": mixed_precision == "fp16", "bf16.enabled": mixed_precision in ("bf16", "fp8")}
     for dotted, value in plugin_precision.items():
         filler.fill(dotted, value, f"mixed_precision={mixed_precision!r}", must_match=False)
-    hidden = hidden_size_of(model) if model is not None else None
+    hidden = _hidden_size_for_auto_buckets(config, model)
     for dotted, value in (("zero_optimization.reduce_bucket_size", None if hidden is None else hidden * hidden),
                           ("zero_optimization.stage3_prefetch_bucket_size",
                            None if hidden is None else int(0.9 * hidden * hidden)),
                           ("zero_optimization.stage3_param_persistence_threshold",
                            None if hidden is None else 10 * hidden)):
         if hidden is None:
-            filler.drop_auto(dotted)
+            filler.drop_auto(dotted)  # no model given (an optimizer-only prepare): DeepSpeed's defaults
         else:
             filler.fill(dotted, value, f"the model's hidden_size {hidden}", must_match=False)
     # the placeholders' values fill "auto" only: a number the config sets is the config's (a DummyScheduler's
@@ -210,6 +238,7 @@ def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loade
                 value = 0
             filler.fill(f"scheduler.params.{key}", value, f"DummyScheduler({key}=...)", must_match=False)
     _check_batch_sizes(config, data_parallel_size)
+    check_engine_precision(config, device_type, mixed_precision)
     if filler.conflicts:
         logger.warning("The DeepSpeed config sets values that differ from the run; the config's are used:\n- "
                        + "\n- ".join(filler.conflicts) + "\nSet them to 'auto' in the config to take the run's.")

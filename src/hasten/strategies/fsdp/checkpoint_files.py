@@ -196,5 +196,38 @@ def fsdp2_apply_ac(accelerator, model: torch.nn.Module):
 
 
 def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
-    """Shard ``model`` in place as ``prepare()`` does (units, then the root); returns it."""
-    return _strategy(accelerator, "fsdp2_prepare_model").shard_model(model)
+    """Shard ``model`` in place as ``prepare()`` does (units, then the root); returns it.
+
+    ``accelerator`` is a hasten Accelerator running FSDP2, or any object that looks like one: then its
+    ``state.fsdp_plugin`` decides the units (``fsdp2_prepare_auto_wrap_policy``), resharding, precision, offload
+    and ignored modules; ``torch_device_mesh`` (None: every process), ``mixed_precision``, ``device`` and
+    ``is_main_process`` are read from it. Activation checkpointing is then ``fsdp2_apply_ac``'s job."""
+    from .fsdp2 import FSDP2Strategy
+
+    strategy = getattr(accelerator, "strategy", None)
+    if isinstance(strategy, FSDP2Strategy) or getattr(getattr(accelerator, "state", None), "fsdp_plugin", None) is None:
+        return _strategy(accelerator, "fsdp2_prepare_model").shard_model(model)
+    from torch.distributed.fsdp import FSDPModule
+
+    from .functions import fsdp2_prepare_auto_wrap_policy
+    from .sharding import shard_with_plugin
+
+    if isinstance(model, FSDPModule):
+        return model
+    plugin = accelerator.state.fsdp_plugin
+    decide = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    units = [] if decide is None else [m for m in reversed(list(model.modules())) if m is not model and decide(m)]
+    return shard_with_plugin(model, plugin, units, mesh=_shard_mesh_of(accelerator.torch_device_mesh),
+                             mixed_precision=accelerator.mixed_precision, device=accelerator.device,
+                             is_main_process=accelerator.is_main_process)
+
+
+def _shard_mesh_of(mesh):
+    """The data-parallel sharding part of an Accelerator's device mesh (None: fully_shard's default, every process)."""
+    if mesh is None:
+        return None
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    for candidate in (("dp_replicate", "dp_shard_cp"), ("dp_replicate", "dp_shard"), ("dp_shard_cp",), ("dp_shard",)):
+        if all(name in names for name in candidate):
+            return mesh[candidate if len(candidate) > 1 else candidate[0]]
+    return mesh

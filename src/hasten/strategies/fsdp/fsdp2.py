@@ -20,7 +20,8 @@ from torch import nn
 from ...checkpointing.optimizer_names import by_name, by_position, clean_name, is_shard, parameter_names
 from ...config.enums import DistributedType
 from ..base import Strategy
-from .wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
+from .sharding import shard_with_plugin
+from .wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
 
 __all__ = ["FSDP2Strategy"]
 
@@ -43,6 +44,9 @@ class FSDP2Strategy(Strategy):
             raise ValueError(f"{type(self).__name__} runs fsdp_version={self.fsdp_version}, and the plugin asks for "
                              f"{self.plugin.fsdp_version}: select the strategy with strategies.select_strategy.")
         super().__init__(state, settings, _sharded_layout(dims, state.num_processes))
+        if self.plugin.mixed_precision_policy is None and self.settings.mixed_precision in ("fp16", "bf16"):
+            # as in the reference: the Accelerator's precision gathers the parameters and reduces the gradients
+            self.plugin.set_mixed_precision(self.settings.mixed_precision)
         self.checkpoint_io = _checkpoint_io(self.plugin)
         self._optimizer_names: dict = {}  # id(optimizer) -> its parameters' names per group, as prepared
 
@@ -75,14 +79,6 @@ class FSDP2Strategy(Strategy):
         if layout.dp_replicate > 1:  # HSDP: replicate across the first dimension, shard across the second
             return layout.mesh["dp_replicate", "dp_shard_cp" if layout.cp > 1 else "dp_shard"]
         return layout.submesh("dp_shard_cp" if layout.cp > 1 else "dp_shard")
-
-    def _offload_policy(self):
-        from torch.distributed.fsdp import CPUOffloadPolicy
-
-        policy = self.plugin.cpu_offload
-        if isinstance(policy, CPUOffloadPolicy) and policy.pin_memory and not torch.cuda.is_available():
-            return CPUOffloadPolicy(pin_memory=False)  # pinned memory needs a GPU
-        return policy
 
     # ------------------------------------------------------------ preparation
     def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
@@ -118,32 +114,19 @@ class FSDP2Strategy(Strategy):
             # else: built on the parameters of a model prepared before (the Accelerator checked), nothing to re-point
 
     def shard_model(self, model: nn.Module) -> nn.Module:
-        """Shard ``model`` in place (wrap units, then the root) and return it."""
-        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+        """Shard ``model`` in place (activation checkpointing of the wrap units, ``fully_shard`` on each unit, then
+        the root; sharding.py) and return it."""
+        from torch.distributed.fsdp import FSDPModule
 
         if isinstance(model, FSDPModule):
             return model
         units = wrap_units(model, wrap_policy(model, self.plugin))
-        options = dict(mesh=self._shard_mesh(), reshard_after_forward=self.plugin.reshard_after_forward,
-                       mp_policy=self.plugin.mixed_precision_policy or MixedPrecisionPolicy(),
-                       offload_policy=self._offload_policy())
-        ignored = ignored_parameters(model, self.plugin.ignored_modules)
-        if ignored:
-            options["ignored_params"] = ignored
         if self.plugin.activation_checkpointing:
             apply_activation_checkpointing(model, units, offload=self.plugin.activation_checkpointing_offload)
             units = [_checkpointed(model, unit) for unit in units]
-        full = None
-        if self.plugin.cpu_ram_efficient_loading:  # the main process's weights are the ones; others hold none
-            full = model.state_dict() if self.state.is_main_process else {}
-            if not self.state.is_main_process:
-                model.to("meta")
-        for unit in units:
-            fully_shard(unit, **options)
-        fully_shard(model, **options)
-        if full is not None:
-            _broadcast_weights(model, full, self.state.device)
-        return model
+        return shard_with_plugin(model, self.plugin, units, mesh=self._shard_mesh(),
+                                 mixed_precision=self.settings.mixed_precision, device=self.state.device,
+                                 is_main_process=self.state.is_main_process, broadcast_weights=_broadcast_weights)
 
     # ------------------------------------------------------------ the training step
     @contextlib.contextmanager
