@@ -125,6 +125,15 @@ class Accelerator:
         if mixed_precision is None and AcceleratorState._shared_state:
             # a second Accelerator that does not ask for a precision keeps the run's (as in the reference)
             settings.mixed_precision = AcceleratorState().mixed_precision
+        selected = None  # the DeepSpeed plugin the run has selected, kept by a second Accelerator
+        if not any((deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin, torch_tp_plugin)):
+            # a second Accelerator given no plugin joins the run's backend, as the reference reads the state's
+            running = AcceleratorState._shared_state
+            deepspeed_plugins = running.get("deepspeed_plugins")
+            fsdp_plugin, megatron_lm_plugin = running.get("fsdp_plugin"), running.get("megatron_lm_plugin")
+            torch_tp_plugin = running.get("torch_tp_plugin")
+            if isinstance(deepspeed_plugins, dict):
+                selected = next((name for name, plugin in deepspeed_plugins.items() if plugin.selected), None)
         self.state = AcceleratorState(
             mixed_precision=settings.mixed_precision, cpu=settings.cpu,
             dynamo_plugin=settings.dynamo_plugin,
@@ -138,6 +147,8 @@ class Accelerator:
             fsdp_plugin=fsdp_plugin, megatron_lm_plugin=megatron_lm_plugin, torch_tp_plugin=torch_tp_plugin,
         )
         self.strategy.setup()
+        if selected is not None:
+            self.state.select_deepspeed_plugin(selected)
         get_logger(__name__).info("hasten trains with %r", self.strategy)  # which backend really runs (INFO)
         if parallelism_config is not None and self.state.use_distributed:  # the run's one DeviceMesh, built once
             dims.build_mesh(self.device.type)

@@ -143,7 +143,7 @@ def test_transformers_config_without_transformers_names_the_package(tmp_path, mo
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["no_colon_here"], "neither an existing config path"),
+    (["no:colon:spec"], "Cannot import"),
     (["missing_module_xyz:Net"], "Cannot import"),
     (["netdef:Nope"], "no attribute 'Nope'"),
     (["netdef:not_a_model"], "not a torch.nn.Module"),
@@ -169,4 +169,63 @@ def test_cli_entry_point(model_file, capsys):
     cli = pytest.importorskip("hasten.commands.cli")
     assert cli.main(["estimate-memory", "netdef:Net", "--json", "--dtypes", "float32"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"][0]["dtype"] == "float32"
-    assert cli.main(["estimate-memory", "nope"]) == 2
+    assert cli.main(["estimate-memory", "missing_module_xyz:Net"]) == 2
+
+
+# ------------------------------------------------------------------ Hub model ids (as Accelerate takes them)
+def test_hub_ids_are_told_apart_from_hasten_specs(model_file):
+    for name in ("bert-base-cased", "org/model-name", "org/model.v2", "gpt2"):
+        assert estimate._looks_like_hub_id(name), name
+    for name in ("netdef:Net", "path/to/file.py:Net", "./folder", "/abs/config.json", "a/b/c", "config.json"):
+        assert not estimate._looks_like_hub_id(name), name
+
+
+def _hub(monkeypatch, info):
+    monkeypatch.setattr(estimate, "verify_on_hub", lambda repo, token=None: info)
+
+
+def test_a_gated_or_missing_hub_model_raises_the_hubs_errors(monkeypatch):
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    _hub(monkeypatch, "gated")
+    with pytest.raises(GatedRepoError, match="is gated"):
+        estimate.run(_parse("meta-llama/Llama-2-7b-hf"))
+    _hub(monkeypatch, "repo")
+    with pytest.raises(RepositoryNotFoundError, match="does not exist on the Hub") as caught:
+        estimate.run(_parse("somebrokenname"))
+    assert isinstance(caught.value, OSError)
+
+
+def test_hub_metadata_decides_the_library_and_remote_code_needs_the_flag(monkeypatch):
+    _hub(monkeypatch, types.SimpleNamespace(library_name=None, config={}))
+    with pytest.raises(ValueError, match="--library_name"):
+        estimate.run(_parse("org/no-metadata"))
+    _hub(monkeypatch, types.SimpleNamespace(library_name="transformers", config={"auto_map": {"AutoModel": "m.M"}}))
+    with pytest.raises(ValueError, match="--trust_remote_code"):
+        estimate.run(_parse("org/custom-code"))
+
+
+def test_a_hub_transformers_model_is_built_from_its_config_alone(monkeypatch, capsys):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=50, n_positions=32)
+    asked = []
+
+    def from_pretrained(name, **kwargs):
+        asked.append((name, kwargs.get("token"), kwargs.get("trust_remote_code")))
+        return config
+
+    _hub(monkeypatch, types.SimpleNamespace(library_name="transformers", config={}))
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", from_pretrained)
+    assert estimate.run(_parse("org/tiny-gpt2", "--json", "--dtypes", "float32", "--access_token", "tok")) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["parameters"] == sum(p.numel() for p in transformers.GPT2Model(config).parameters())
+    assert asked == [("org/tiny-gpt2", "tok", False)]
+
+
+def test_an_unreachable_hub_is_one_clear_line(monkeypatch):
+    def offline(repo, token=None):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(estimate, "verify_on_hub", offline)
+    with pytest.raises(CommandError, match="looked up as a Hugging Face Hub model.*could not be reached"):
+        estimate.run(_parse("bert-base-cased"))

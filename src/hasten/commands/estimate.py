@@ -1,8 +1,9 @@
 """``hasten estimate-memory``: how much memory a model needs, per dtype, without downloading or allocating it.
 
 The model is built on the meta device from a class (``package.module:Class`` or ``path/to/file.py:Class``,
-with constructor arguments) or from a local config (a hasten model config naming such a class, or a
-Transformers ``config.json`` / folder, which needs ``transformers``). Nothing is fetched from the network.
+with constructor arguments), from a local config (a hasten model config naming such a class, or a
+Transformers ``config.json`` / folder, which needs ``transformers``), or, as in Accelerate, from a Hugging Face
+Hub model id (``org/name``): only its config is fetched, never its weights.
 
 Code named by a *file* (a hasten model config naming a class, with a ``path.py`` resolved next to the config;
 Transformers ``auto_map`` modeling files) is never imported unless ``--trust_remote_code`` (or
@@ -35,14 +36,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "estimate-memory",
         help="estimate the memory a model needs to load and train",
-        description="Build a model on the meta device (no weights allocated, nothing downloaded) and print, per "
-                    "dtype, the size of its largest layer, its total size and what training it with Adam needs.",
+        description="Build a model on the meta device (no weights allocated or downloaded; a Hub model's config "
+                    "is fetched) and print, per dtype, the size of its largest layer, its total size and what "
+                    "training it with Adam needs.",
     )
     parser.add_argument("model_name", metavar="model",
                         help="`package.module:Class`, `path/to/file.py:Class` (a class or a function "
                              "returning an nn.Module), or a local config: a JSON file "
                              '{"model": "module:Class", "kwargs": {...}}, or a Transformers config.json '
-                             "or model folder (needs `transformers`).")
+                             "or model folder (needs `transformers`), or a Hugging Face Hub model id such as "
+                             "`org/name` (its config is fetched).")
     parser.add_argument("--kwargs", default=None, metavar="JSON",
                         help='constructor keyword arguments as a JSON object, e.g. \'{"n_layers": 48}\'')
     parser.add_argument("--arg", "-a", action="append", default=[], metavar="NAME=VALUE",
@@ -56,6 +59,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true", default=False,
                         help="allow the code a config file or model folder names to run (a hasten config's class, "
                              "Transformers auto_map files); only for files whose code you have read")
+    parser.add_argument("--access_token", "--access-token", default=None,
+                        help="Hugging Face token for a gated or private Hub model")
     parser.add_argument("--library_name", "--library-name", default=None, choices=("transformers", "timm"),
                         help="build MODEL with this library (timm: an architecture name such as resnet50)")
     return parser
@@ -63,7 +68,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     model = create_empty_model(args.model_name, getattr(args, "library_name", None),
-                               getattr(args, "trust_remote_code", False),
+                               getattr(args, "trust_remote_code", False), getattr(args, "access_token", None),
                                kwargs=_constructor_kwargs(args.kwargs, args.arg))
     rows = estimate(model, args.dtypes, args.no_split)
     if args.json:
@@ -111,14 +116,95 @@ def _constructor_kwargs(kwargs_json, pairs) -> dict:
 def create_empty_model(model_name: str, library_name=None, trust_remote_code: bool = False, access_token=None, *,
                        kwargs=None):
     """``model_name`` built on the meta device: a hasten spec (``module:Class``, a file, a local config or folder),
-    or with ``library_name="timm"`` a timm architecture. Nothing is downloaded; ``access_token`` is not used.
+    with ``library_name="timm"`` a timm architecture, or else a Hugging Face Hub model id (``org/name``), whose
+    config alone is fetched, with ``access_token`` for gated or private repositories (as Accelerate does).
     """
     kwargs = dict(kwargs or {})
     if library_name == "timm":
         return _from_timm(model_name, kwargs)
     if library_name not in (None, "transformers"):
         raise CommandError(f"--library_name {library_name!r}: choose transformers or timm, or leave it out.")
+    if _looks_like_hub_id(model_name):
+        return _from_hub(model_name, library_name, trust_remote_code, access_token, kwargs)
     return build_empty_model(model_name, kwargs, trust_remote_code=trust_remote_code)
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    """Not a local path nor a ``module:Class`` (hasten's own specs come first), and shaped like ``org/name`` or
+    ``name``: the Hub's model ids."""
+    if os.path.exists(name) or ":" in name or name.endswith((".py", ".json")) or name.startswith((".", "/", "~")):
+        return False
+    parts = name.split("/")
+    return len(parts) <= 2 and all(part and all(c.isalnum() or c in "-_." for c in part) for part in parts) \
+        and ("/" in name or "." not in name)
+
+
+def _hub_error(kind: str, message: str):
+    """``huggingface_hub``'s exception of that ``kind`` (which also is an OSError) with ``message``."""
+    from huggingface_hub import errors
+
+    error_class = getattr(errors, kind)
+    response_class = getattr(errors, "Response", None)  # the HTTP library's, which these errors carry
+    try:
+        response = response_class(404 if kind == "RepositoryNotFoundError" else 401,
+                                  request=_http_request(response_class)) if response_class is not None else None
+        return error_class(message, response=response)
+    except TypeError:  # releases whose errors take the message alone
+        return error_class(message)
+
+
+def _http_request(response_class):
+    request_class = getattr(importlib.import_module(response_class.__module__.split(".")[0]), "Request", None)
+    return request_class("GET", "https://huggingface.co/api/models") if request_class is not None else None
+
+
+def _from_hub(name: str, library_name, trust_remote_code: bool, token, kwargs: dict):
+    try:
+        info = verify_on_hub(name, token)
+    except Exception as error:  # offline, a proxy, a timeout: said in one line, not a traceback
+        raise CommandError(
+            f"{name!r} is no local path nor `module:Class`, so it was looked up as a Hugging Face Hub model, and the "
+            f"Hub could not be reached ({type(error).__name__}: {error}). Check the name and your connection, or "
+            "give a local config (a config.json or model folder) or `module:Class`.") from error
+    if info == "gated":
+        raise _hub_error("GatedRepoError", f"Repo for model `{name}` is gated. You must be authenticated to access "
+                                           "it: run `hf auth login`, or pass an access token.")
+    if info == "repo":
+        raise _hub_error("RepositoryNotFoundError", f"Repo for model `{name}` does not exist on the Hub. Check the "
+                                                    "name, or give a local config or `module:Class`.")
+    library = library_name or getattr(info, "library_name", None)
+    if library is None:
+        raise ValueError(f"Model `{name}` does not have any library metadata on the Hub, please manually pass in a "
+                         "`--library_name` to use (such as `transformers`).")
+    if library == "timm":
+        return _from_timm(name, kwargs)
+    if library != "transformers":
+        raise ValueError(f"Model `{name}` is a {library} model on the Hub; estimate-memory builds transformers and "
+                         "timm models: pass `--library_name transformers` if it is one.")
+    from hasten.big_modeling import init_empty_weights
+    from hasten.core.imports import require_extra
+
+    try:
+        transformers = require_extra("transformers", "Estimating a Hub model")
+    except ImportError as error:
+        raise CommandError(str(error)) from None
+    auto_map = (getattr(info, "config", None) or {}).get("auto_map")
+    if auto_map and not trust_remote_code:
+        raise ValueError(f"Model `{name}` runs code of its own (its config's auto_map). Read it, then pass "
+                         f"{TRUST_FLAG} to allow it to run.")
+    try:
+        config = transformers.AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, token=token)
+    except ValueError as error:
+        if "trust_remote_code" in str(error):
+            raise ValueError(f"Model `{name}` runs code of its own: pass {TRUST_FLAG} to allow it ({error}).") from None
+        raise
+    with init_empty_weights():
+        try:
+            model = transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code, **kwargs)
+        except (ValueError, KeyError) as error:
+            raise RuntimeError(f"Tried to load `{name}` with `transformers` but a possible model to load was not "
+                               f"found inside the repo ({type(error).__name__}: {error}).") from error
+    return _checked_module(model, name)
 
 
 def _from_timm(name: str, kwargs: dict):
@@ -343,7 +429,7 @@ def format_table(title: str, parameters: int, rows: list[dict]) -> str:
 def gather_data(args) -> list:
     """Accelerate's rows for ``args.model_name``: ``[dtype, largest layer, total size, training by part]`` (bytes)."""
     model = create_empty_model(args.model_name, getattr(args, "library_name", None),
-                               getattr(args, "trust_remote_code", False))
+                               getattr(args, "trust_remote_code", False), getattr(args, "access_token", None))
     fp32_bytes = 4 * sum(p.numel() for p in model.parameters() if p.is_floating_point())
     return [[row["dtype"], row["largest_layer"], row["total_size"], estimate_training_usage(fp32_bytes, row["dtype"])]
             for row in estimate(model, args.dtypes, getattr(args, "no_split", None))]
@@ -370,7 +456,7 @@ def add_timm_hub_prefix(model_name: str) -> str:
 
 def verify_on_hub(repo: str, token=None):
     """The Hub's model info for ``repo``, ``"gated"`` or ``"repo"`` (not found). Needs ``huggingface_hub``;
-    ``hasten estimate-memory`` itself never contacts the Hub."""
+    ``hasten estimate-memory`` asks it only for a name that is no local path nor ``module:Class``."""
     from hasten.core.imports import require_extra
 
     hub = require_extra("huggingface_hub", "Looking a model up on the Hugging Face Hub")
@@ -378,7 +464,7 @@ def verify_on_hub(repo: str, token=None):
 
     try:
         return hub.model_info(repo, token=token)
+    except GatedRepoError:  # a subclass of RepositoryNotFoundError: asked first
+        return "gated"
     except RepositoryNotFoundError:
         return "repo"
-    except (GatedRepoError, OSError):  # gated, or no access
-        return "gated"

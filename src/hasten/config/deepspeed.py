@@ -351,15 +351,22 @@ class DeepSpeedPlugin:
         return config
 
     def set_deepspeed_weakref(self):
-        """With ``zero3_init_flag``, tell transformers (when installed) that ZeRO-3 is on, so its
-        ``from_pretrained`` builds models already partitioned (``deepspeed.zero.Init``)."""
-        if not self.zero3_init_flag:
+        """Point transformers (when installed) at this config: its ``deepspeed_config()`` returns it, and with ZeRO-3
+        and ``zero3_init_flag`` its ``from_pretrained`` builds models already partitioned (``deepspeed.zero.Init``).
+        ZeRO-3 without ``zero3_init_flag`` is not announced: transformers would partition the models anyway."""
+        if self._config_stage() == 3 and not self.zero3_init_flag:
+            self._unset_deepspeed_weakref()
             return
         try:
             from transformers.integrations import HfDeepSpeedConfig as TransformersDeepSpeedConfig
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
         except ImportError:
             return
+        unset_hf_deepspeed_config()
         self.dschf = TransformersDeepSpeedConfig(self._config_for_construction())
+
+    def _config_stage(self):
+        return (self.deepspeed_config.get("zero_optimization") or {}).get("stage", self.zero_stage)
 
     def _unset_deepspeed_weakref(self):
         self.__dict__.pop("dschf", None)

@@ -288,3 +288,45 @@ def test_fp16_on_the_cpu_is_refused_at_prepare_not_when_the_accelerator_is_made(
     with pytest.raises(ValueError, match="fp16 on the CPU.*mixed_precision='bf16'"):
         accelerator.prepare(model, optimizer, loader)
     assert not accelerator._models and not getattr(model, "_is_accelerate_prepared", False)
+
+
+def test_the_selected_plugin_is_transformers_deepspeed_config_and_follows_select(clean_env_vars):
+    """transformers' deepspeed_config() answers the selected plugin's config (any stage), as with the reference."""
+    from transformers.integrations.deepspeed import deepspeed_config, is_deepspeed_zero3_enabled
+
+    from hasten.state import AcceleratorState
+
+    zero2 = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 1})
+    zero3 = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1},
+                            zero3_init_flag=True)
+    try:
+        accelerator = Accelerator(deepspeed_plugin={"zero2": zero2, "zero3": zero3})
+        assert accelerator.deepspeed_plugin is zero2
+        assert deepspeed_config()["zero_optimization"]["stage"] == 2 and not is_deepspeed_zero3_enabled()
+        accelerator.state.select_deepspeed_plugin("zero3")
+        assert deepspeed_config() == zero3.hf_ds_config.config and is_deepspeed_zero3_enabled()
+        lazy = DeepSpeedPlugin(zero_stage=3, zero3_init_flag=False)
+        lazy.select(_from_accelerator_state=True)  # ZeRO-3 without the flag: transformers must not partition
+        assert deepspeed_config() is None and not is_deepspeed_zero3_enabled()
+    finally:
+        zero3._unset_deepspeed_weakref()
+        AcceleratorState._reset_state(True)
+
+
+def test_a_second_accelerator_without_plugins_joins_the_runs_deepspeed_and_keeps_its_selection(clean_env_vars):
+    """As in the reference, whose second Accelerator reads the state's plugins (a script's helper, a callback)."""
+    from hasten.state import AcceleratorState
+
+    zero2 = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 1})
+    zero3 = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
+    try:
+        first = Accelerator(deepspeed_plugins={"zero2": zero2, "zero3": zero3})
+        first.state.select_deepspeed_plugin("zero3")
+        second = Accelerator()
+        assert type(second.strategy).__name__ == "DeepSpeedStrategy"
+        assert second.deepspeed_plugin is zero3 and first.deepspeed_plugin is zero3
+        with pytest.raises(NotImplementedError, match="second `Accelerator`"):
+            Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=1))
+    finally:
+        zero3._unset_deepspeed_weakref()
+        AcceleratorState._reset_state(True)

@@ -109,3 +109,15 @@ def test_the_accelerators_mixed_precision_fills_an_unset_fsdp_policy(version, po
         assert given.mixed_precision_policy.param_dtype == torch.float32  # a policy the user set is kept
     finally:
         _reset()
+
+
+def test_a_second_accelerator_without_plugins_joins_the_runs_fsdp():
+    try:
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+        Accelerator(cpu=True, fsdp_plugin=plugin)
+        second = Accelerator(cpu=True)
+        assert type(second.strategy).__name__ == "FSDP2Strategy" and second.state.fsdp_plugin is plugin
+        model = second.prepare(torch.nn.Linear(2, 2))
+        assert type(model).__name__.startswith("FSDP")  # sharded (a world of one), not a plain module
+    finally:
+        _reset()
