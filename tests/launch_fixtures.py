@@ -21,6 +21,8 @@ def no_launch(monkeypatch):
     monkeypatch.setattr(launch_command, "execute", refuse)
     if hasattr(launch_command, "execute_deepspeed_runner"):
         monkeypatch.setattr(launch_command, "execute_deepspeed_runner", refuse)
+    if hasattr(launch_command, "execute_mpi_runner"):
+        monkeypatch.setattr(launch_command, "execute_mpi_runner", refuse)
 
 
 

@@ -25,6 +25,7 @@ from .config.enums import DistributedType, PrecisionType
 from .core.env_aliases import get_flag_setting, get_setting
 from .core.env_vars import get_int_from_env, parse_flag_from_env
 from .core.environment import is_debug_mode
+from .core.hardware import get_cpu_distributed_information
 from .core.imports import is_torch_xla_available
 from .core.lazy import lazy_exports
 
@@ -112,6 +113,22 @@ def _destroy_process_group_at_exit() -> None:
             pass
 
 
+_MPI_RANK_NAMES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def _adopt_mpi_ranks() -> None:
+    """A process that ``mpirun`` started (``hasten launch`` with ``mpirun_hostfile``) has MPI's variables, not
+    torch's: give it ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` (and ``LOCAL_WORLD_SIZE`` when MPI says it) from
+    them; torch and DeepSpeed read them too."""
+    if "RANK" in os.environ or not any(name in os.environ for name in _MPI_RANK_NAMES):
+        return
+    place = get_cpu_distributed_information()
+    for name, value in (("RANK", place.rank), ("WORLD_SIZE", place.world_size), ("LOCAL_RANK", place.local_rank)):
+        os.environ.setdefault(name, str(value))
+    if any(name in os.environ for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")):
+        os.environ.setdefault("LOCAL_WORLD_SIZE", str(place.local_world_size))
+
+
 def _device_from_env() -> Optional[torch.device]:
     """The device named by ``HASTEN_TORCH_DEVICE`` / ``ACCELERATE_TORCH_DEVICE`` (``"cpu"``, ``"cuda:1"``), if set."""
     value = get_setting("torch_device")
@@ -162,6 +179,7 @@ class PartialState:
         self._cpu = use_cpu
         self.debug = is_debug_mode()
         self.fork_launched = parse_flag_from_env("FORK_LAUNCHED", False)
+        _adopt_mpi_ranks()
         device_type = "cpu" if self._cpu else (chosen.type if chosen is not None else accelerator_type() or "cpu")
         world_size = get_int_from_env(["WORLD_SIZE"], 1)
         already = dist.is_available() and dist.is_initialized()

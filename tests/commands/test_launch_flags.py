@@ -128,8 +128,8 @@ def test_each_flag_of_a_built_backend_reaches_its_plugin(script, group, option):
 def test_the_command_line_reports_a_backend_flag_and_launches_nothing(script, no_launch, capsys):
     assert cli.main(["launch", "--main_training_function", "main", script]) == 2
     assert "TPUs" in capsys.readouterr().err
-    assert cli.main(["launch", "--mpirun_hostfile", "hosts", script]) == 2
-    assert "mpirun" in capsys.readouterr().err
+    assert cli.main(["launch", "--aws_access_key_id", "key", script]) == 2
+    assert "SageMaker" in capsys.readouterr().err
 
 
 def test_backend_flags_are_checked_before_the_other_settings_and_the_script(tmp_path, no_launch, capsys):

@@ -244,7 +244,20 @@ def run(args) -> int:
     sys.stderr.flush()
     if plan.deepspeed_runner is not None:
         return execute_deepspeed_runner(plan.deepspeed_runner)
+    if plan.mpi_runner is not None:
+        return execute_mpi_runner(plan.mpi_runner)
     return execute(plan)
+
+
+def execute_mpi_runner(runner) -> int:
+    """Run ``mpirun`` (launch_mpi.py) and wait; its exit status."""
+    process = subprocess.Popen(runner.argv, env={**os.environ, **runner.env})
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.send_signal(signal.SIGINT)
+        process.wait()
+        return 130
 
 
 def main() -> None:

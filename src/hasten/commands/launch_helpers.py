@@ -50,8 +50,11 @@ def _plan(args):
 
 
 def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple:
-    """``(command, environment)`` that run the job as ``hasten launch`` does: torchrun's agent in a new process."""
+    """``(command, environment)`` that run the job as ``hasten launch`` does: torchrun's agent in a new process, or
+    ``mpirun`` for a multi-CPU job with ``mpirun_hostfile`` (launch_mpi.py)."""
     plan = _plan(args)
+    if plan.mpi_runner is not None:
+        return list(plan.mpi_runner.argv), {**os.environ, **plan.mpi_runner.env}
     return [sys.executable, "-m", "torch.distributed.run", *plan.torchrun_args], {**os.environ, **plan.env}
 
 

@@ -164,8 +164,8 @@ BACKEND_GROUPS = (
         Option("aws_secret_access_key", "AWS secret access key for SageMaker"),
     )),
     BackendGroup("MPI", "Launching with mpirun", "start one `hasten launch` per machine (see docs/launching.md)", (
-        Option("mpirun_hostfile", "hostfile for mpirun (multi-CPU runs)"),
-    )),
+        Option("mpirun_hostfile", "hostfile for mpirun: one mpirun starts a multi-CPU job on its machines"),
+    ), ready=True, own_env=True),  # launch_mpi.py builds its command and variables
 )
 
 

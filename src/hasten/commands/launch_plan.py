@@ -23,6 +23,7 @@ from ..config.enums import DistributedType, DynamoBackend, PrecisionType
 from ..core.env_vars import env_name, str_to_bool
 from .errors import CommandError
 from .launch_deepspeed import DeepSpeedRunner, resolve_deepspeed, runner_command, uses_runner
+from .launch_mpi import MpiRunner, mpirun_command, mpirun_hostfile
 from .launch_options import backend_env, backend_not_yet_supported, given_backend_options, section_env
 from .launch_parallelism import parallelism_env
 from .loopback_store import is_loopback
@@ -46,6 +47,7 @@ class LaunchPlan:
     sources: dict = field(default_factory=dict)  # flag name -> "flag" | "SLURM" | "config file" | "default"
     loopback_store: bool = False  # the rendezvous store listens on the loopback address only (one machine)
     deepspeed_runner: Optional[DeepSpeedRunner] = None  # set: DeepSpeed's multi-node runner starts the job instead
+    mpi_runner: Optional[MpiRunner] = None  # set: mpirun starts the job instead (launch_mpi.py)
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -600,7 +602,9 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
             deepspeed.sources.get(key) == "flag" for key in ("deepspeed_hostfile", "deepspeed_multinode_launcher")):
         notes.append("hasten launch: --deepspeed_hostfile / --deepspeed_multinode_launcher apply to several "
                      "machines only; this one-machine job is started by hasten launch itself.")
+    hostfile = mpirun_hostfile(args, config)
+    mpi = mpirun_command(args, values, hostfile, port, env) if hostfile and runner is None else None
     return LaunchPlan(torchrun_args=torchrun, env=env, notes=notes, settings=values,
                       config_path=str(config_path) if config_path else None, program=args.training_script,
                       sources=sources, loopback_store=store_on_loopback(values, restartable),
-                      deepspeed_runner=runner)
+                      deepspeed_runner=runner, mpi_runner=mpi)

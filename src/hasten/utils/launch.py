@@ -1,6 +1,10 @@
 """Accelerate's import path ``accelerate.utils.launch``: the launch command and environment
-(``hasten/commands/launch_helpers.py``).
+(``hasten/commands/launch_helpers.py``). ``which`` and ``subprocess`` are here because Accelerate's module has them
+(tests patch them).
 """
+import subprocess  # noqa: F401
+from shutil import which  # noqa: F401
+
 from ..commands.launch_helpers import (  # noqa: F401
     PrepareForLaunch,
     _convert_nargs_to_dict,
