@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import pickle
-from collections import OrderedDict, UserDict, defaultdict, namedtuple
+from collections import OrderedDict, UserDict, defaultdict
 
 import pytest
 import torch
@@ -14,23 +14,7 @@ import torch
 from hasten.state import PartialState
 from hasten.collectives import operations as ops
 
-Pair = namedtuple("Pair", ["x", "y"])
-
-
-class Batch(collections.abc.Mapping):
-    """A read-only Mapping that is not a dict."""
-
-    def __init__(self, data):
-        self._data = dict(data)
-
-    def __getitem__(self, key):
-        return self._data[key]
-
-    def __iter__(self):
-        return iter(self._data)
-
-    def __len__(self):
-        return len(self._data)
+from hasten.test_utils.scripts.test_ops import Batch, Pair  # a Mapping that is not a dict, and a namedtuple
 
 
 class MovableBatch(UserDict):

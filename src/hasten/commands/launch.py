@@ -225,14 +225,18 @@ def execute_deepspeed_runner(runner: DeepSpeedRunner) -> int:
         env_file = os.path.join(folder, _DS_ENV_NAME)
         with open(env_file, "w", encoding="utf-8") as handle:
             handle.write(env_file_text(runner.env, _users_deepspeed_env(os.environ)))
-        environ = {**os.environ, **runner.env, _DS_ENV_FILE: env_file}
-        process = subprocess.Popen(runner.argv, env=environ)
-        try:
-            return process.wait()
-        except KeyboardInterrupt:
-            process.send_signal(signal.SIGINT)
-            process.wait()
-            return 130
+        return _run_and_wait(runner.argv, {**os.environ, **runner.env, _DS_ENV_FILE: env_file})
+
+
+def _run_and_wait(argv: list, environ: dict) -> int:
+    """Run a launcher program (DeepSpeed's runner, mpirun) to its end; its exit status (130 on Ctrl-C, passed on)."""
+    process = subprocess.Popen(argv, env=environ)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.send_signal(signal.SIGINT)
+        process.wait()
+        return 130
 
 
 def run(args) -> int:
@@ -251,13 +255,7 @@ def run(args) -> int:
 
 def execute_mpi_runner(runner) -> int:
     """Run ``mpirun`` (launch_mpi.py) and wait; its exit status."""
-    process = subprocess.Popen(runner.argv, env={**os.environ, **runner.env})
-    try:
-        return process.wait()
-    except KeyboardInterrupt:
-        process.send_signal(signal.SIGINT)
-        process.wait()
-        return 130
+    return _run_and_wait(runner.argv, {**os.environ, **runner.env})
 
 
 def main() -> None:
