@@ -22,10 +22,9 @@ from ..strategies.fsdp.functions import (  # noqa: F401
     fsdp2_prepare_auto_wrap_policy,
     get_fsdp2_grad_scaler,
     get_parameters_from_modules,
+    logger,
     merge_fsdp_weights,
 )
-
-logger = get_logger("hasten.strategies.fsdp")  # Accelerate's module-level logger name in this module
 
 __all__ = [
     "enable_fsdp_ram_efficient_loading", "disable_fsdp_ram_efficient_loading", "save_fsdp_model", "load_fsdp_model",

@@ -50,7 +50,7 @@ def test_a_lookalike_accelerator_shards_the_plugins_units_then_the_root(sharded,
     model = Net()
     assert fsdp2_prepare_model(lookalike(plugin), model) is model
     modules = [module for module, _ in sharded]
-    assert modules == [model.blocks[1], model.blocks[0], model]  # every Block, children first, then the root
+    assert modules == [model.blocks[0], model.blocks[1], model]  # every Block (as prepare makes them), then the root
     options = sharded[-1][1]
     assert options["mesh"] is None and options["reshard_after_forward"] is False
     assert options["mp_policy"] == MixedPrecisionPolicy() and isinstance(options["offload_policy"], OffloadPolicy)

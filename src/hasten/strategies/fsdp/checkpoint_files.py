@@ -199,7 +199,7 @@ def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     """Shard ``model`` in place as ``prepare()`` does (units, then the root); returns it.
 
     ``accelerator`` is a hasten Accelerator running FSDP2, or any object that looks like one: then its
-    ``state.fsdp_plugin`` decides the units (``fsdp2_prepare_auto_wrap_policy``), resharding, precision, offload
+    ``state.fsdp_plugin`` decides the units (as ``prepare()`` makes them), resharding, precision, offload
     and ignored modules; ``torch_device_mesh`` (None: every process), ``mixed_precision``, ``device`` and
     ``is_main_process`` are read from it. Activation checkpointing is then ``fsdp2_apply_ac``'s job."""
     from .fsdp2 import FSDP2Strategy
@@ -209,14 +209,13 @@ def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
         return _strategy(accelerator, "fsdp2_prepare_model").shard_model(model)
     from torch.distributed.fsdp import FSDPModule
 
-    from .functions import fsdp2_prepare_auto_wrap_policy
     from .sharding import shard_with_plugin
+    from .wrapping import wrap_policy, wrap_units
 
     if isinstance(model, FSDPModule):
         return model
     plugin = accelerator.state.fsdp_plugin
-    decide = fsdp2_prepare_auto_wrap_policy(plugin, model)
-    units = [] if decide is None else [m for m in reversed(list(model.modules())) if m is not model and decide(m)]
+    units = wrap_units(model, wrap_policy(model, plugin))  # the units prepare() would make
     return shard_with_plugin(model, plugin, units, mesh=_shard_mesh_of(accelerator.torch_device_mesh),
                              mixed_precision=accelerator.mixed_precision, device=accelerator.device,
                              is_main_process=accelerator.is_main_process)
