@@ -31,6 +31,7 @@ import torch
 
 from ...config.enums import DistributedType
 from ..fsdp.fsdp2 import FSDP2Strategy, _repoint
+from ..fsdp.sharding import offload_policy
 from .tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan, splits_the_logits
 
 __all__ = ["ModelParallelStrategy"]
@@ -136,7 +137,7 @@ class ModelParallelStrategy(FSDP2Strategy):
 
             options = dict(mesh=self._shard_mesh(), reshard_after_forward=self.plugin.reshard_after_forward,
                            mp_policy=self.plugin.mixed_precision_policy or MixedPrecisionPolicy(),
-                           offload_policy=self._offload_policy())
+                           offload_policy=offload_policy(self.plugin))
             for index in mine:
                 fully_shard(stages[index], **options)
         pipeline = build_pipeline(stages, layout.pp_rank, layout.submesh("pp"), schedule=config.schedule,

@@ -8,12 +8,12 @@ plain torch, out of the inputs all ranks would have made.
 from __future__ import annotations
 
 import collections
-import os
 import warnings
 from collections import OrderedDict, namedtuple
 
 import torch
 
+from hasten.core.environment import is_debug_mode
 from hasten.state import PartialState
 from hasten.collectives.checks import DistributedOperationException
 from hasten.collectives.operations import (
@@ -261,7 +261,7 @@ def main():
     state = PartialState()
     n, rank = state.num_processes, state.process_index
     assert n >= 2 and state.use_distributed, f"test_ops needs 2 processes or more, not {state}"
-    assert state.debug is (os.environ.get("HASTEN_DEBUG_MODE") == "1")
+    assert state.debug is is_debug_mode()
     for debug in (False, True):  # the fast path, then the same inputs through the mismatch check
         state.debug = debug
         check_gather(n, rank)

@@ -16,7 +16,6 @@ the stacks are dumped.
 """
 import faulthandler
 import logging
-import os
 import sys
 import time
 from copy import deepcopy
@@ -29,6 +28,7 @@ from hasten.accelerator import Accelerator
 from hasten.collectives.random import set_seed
 from hasten.config.accumulation import GradientAccumulationPlugin
 from hasten.config.data import DataLoaderConfiguration
+from hasten.core.env_aliases import get_setting
 from hasten.logging import get_logger
 from hasten.state import AcceleratorState, GradientState, PartialState
 
@@ -239,7 +239,7 @@ def main(iterations=None):
         iterations = 1
     # A hang becomes readable: every thread's stack goes to stderr if we are still here after this long.
     logging.getLogger("hasten").setLevel(logging.ERROR)  # the once-per-Accelerator scheduler note, x 100
-    dump_after = float(os.environ.get("HASTEN_STRESS_DUMP_AFTER", "30"))
+    dump_after = float(get_setting("stress_dump_after", "30"))
     try:
         AcceleratorState._reset_state()
         GradientState._reset_state()
