@@ -48,7 +48,7 @@ class DVCLiveTracker(GeneralTracker):
     @on_main_process
     def log(self, values: dict, step: Optional[int] = None, **kwargs):
         """Numbers and strings become metrics at this step (``a/b`` for a dict's entries). A string is a param
-        instead where the installed DVCLive refuses text metrics (releases before 3.0)."""
+        instead where the installed DVCLive cannot log it as a metric (``Metric.could_log``)."""
         if step is not None:
             self.live.step = step
         for key, value in prepare_log_values(values).items():

@@ -31,5 +31,6 @@ __all__ = [
     "save_fsdp_optimizer", "load_fsdp_optimizer", "merge_fsdp_weights", "ensure_weights_retied",
     "fsdp2_load_full_state_dict", "fsdp2_switch_optimizer_parameters", "fsdp2_apply_ac", "fsdp2_prepare_model",
     "fsdp2_prepare_auto_wrap_policy", "get_fsdp2_grad_scaler", "fsdp2_canonicalize_names",
-    "get_parameters_from_modules", "get_module_class_from_name", "get_logger", "is_compiled_module", "SAFE_WEIGHTS_NAME", "WEIGHTS_NAME",
+    "get_parameters_from_modules", "get_module_class_from_name", "get_logger", "is_compiled_module",
+    "SAFE_WEIGHTS_NAME", "WEIGHTS_NAME",
 ]

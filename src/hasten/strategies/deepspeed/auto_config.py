@@ -220,7 +220,7 @@ def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loade
                           ("zero_optimization.stage3_param_persistence_threshold",
                            None if hidden is None else 10 * hidden)):
         if hidden is None:
-            filler.drop_auto(dotted)  # no model given (an optimizer-only prepare): DeepSpeed's defaults
+            filler.drop_auto(dotted)  # an "auto" left only without a model (optimizer alone): DeepSpeed's defaults
         else:
             filler.fill(dotted, value, f"the model's hidden_size {hidden}", must_match=False)
     # the placeholders' values fill "auto" only: a number the config sets is the config's (a DummyScheduler's

@@ -15,7 +15,7 @@ from torch import nn
 
 from .wrapping import ignored_parameters
 
-__all__ = ["shard_with_plugin", "upcast_mixed_master_weights", "offload_policy"]
+__all__ = ["shard_with_plugin", "shard_options", "upcast_mixed_master_weights", "offload_policy"]
 
 
 def upcast_mixed_master_weights(model: nn.Module, mixed_precision: Optional[str]) -> bool:
@@ -45,16 +45,23 @@ def offload_policy(plugin):
     return policy
 
 
+def shard_options(plugin, mesh) -> dict:
+    """``fully_shard``'s keywords from the plugin: the mesh, resharding, mixed precision and offload."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return dict(mesh=mesh, reshard_after_forward=plugin.reshard_after_forward,
+                mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(), offload_policy=offload_policy(plugin))
+
+
 def shard_with_plugin(model: nn.Module, plugin, units: Iterable[nn.Module], *, mesh, mixed_precision: Optional[str],
                       device: torch.device, is_main_process: bool, broadcast_weights=None) -> nn.Module:
     """``fully_shard`` each of ``units`` (children first) and then ``model``, with the plugin's resharding, precision,
     offload and ignored modules; ``cpu_ram_efficient_loading``: only the main process's weights are kept, and
     ``broadcast_weights(model, full_state, device)`` hands the others their shards."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     upcast_mixed_master_weights(model, mixed_precision)
-    options = dict(mesh=mesh, reshard_after_forward=plugin.reshard_after_forward,
-                   mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(), offload_policy=offload_policy(plugin))
+    options = shard_options(plugin, mesh)
     ignored = ignored_parameters(model, plugin.ignored_modules)
     if ignored:
         options["ignored_params"] = ignored

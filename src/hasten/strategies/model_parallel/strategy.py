@@ -31,7 +31,7 @@ import torch
 
 from ...config.enums import DistributedType
 from ..fsdp.fsdp2 import FSDP2Strategy, _repoint
-from ..fsdp.sharding import offload_policy
+from ..fsdp.sharding import shard_options
 from .tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan, splits_the_logits
 
 __all__ = ["ModelParallelStrategy"]
@@ -133,11 +133,9 @@ class ModelParallelStrategy(FSDP2Strategy):
                 apply_plan(part, here, layout.submesh("tp"))
         self._after_tensor_parallel(part)
         if layout.dp_size > 1:  # PP x FSDP (x TP): each of this rank's stages sharded over the data-parallel dims
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            from torch.distributed.fsdp import fully_shard
 
-            options = dict(mesh=self._shard_mesh(), reshard_after_forward=self.plugin.reshard_after_forward,
-                           mp_policy=self.plugin.mixed_precision_policy or MixedPrecisionPolicy(),
-                           offload_policy=offload_policy(self.plugin))
+            options = shard_options(self.plugin, self._shard_mesh())
             for index in mine:
                 fully_shard(stages[index], **options)
         pipeline = build_pipeline(stages, layout.pp_rank, layout.submesh("pp"), schedule=config.schedule,
