@@ -122,7 +122,8 @@ def test_dashed_and_underscored_spellings_parse_the_same(script):
 
 def test_arguments_after_the_script_belong_to_the_script(script):
     args = launch_command_parser().parse_args(["-n", "2", script, "-n", "5", "--cpu", "--mixed_precision", "x"])
-    assert args.num_processes == 2 and args.cpu is None and args.mixed_precision is None
+    assert args.num_processes == 2 and args.cpu is False and args.mixed_precision is None
+    assert args.nondefault == {"num_processes", "training_script", "training_script_args"}
     assert args.training_script == script
     assert args.training_script_args == ["-n", "5", "--cpu", "--mixed_precision", "x"]
 

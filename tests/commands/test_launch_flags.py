@@ -199,3 +199,77 @@ def test_validate_launch_command_fills_unset_flags_from_the_config_file(tmp_path
     args, defaults, precision_from_config = _validate_launch_command(args)
     assert args.debug is True and args.num_processes == 2 and args.fsdp_sync_module_states is False
     assert defaults["mixed_precision"] == "bf16" and precision_from_config is True
+
+
+# ------------------------------------------------------------------------------ the parser's shown defaults
+def test_a_bare_command_line_reads_like_accelerate_s():
+    """Scripts and tests read parsed args back: every flag left out holds the value Accelerate's parser gives it
+    (``--fsdp_sync_module_states`` "true", ``--rdzv_backend`` "static", switches False ...)."""
+    accelerate_launch = pytest.importorskip("accelerate.commands.launch")
+    theirs = vars(accelerate_launch.launch_command_parser().parse_args(["train.py"]))
+    ours = vars(launch_command_parser().parse_args(["train.py"]))
+    differ = {name: (theirs[name], ours[name]) for name in theirs if name in ours and theirs[name] != ours[name]}
+    assert not differ, differ
+    assert ours["fsdp_sync_module_states"] == "true" and ours["rdzv_backend"] == "static" and ours["cpu"] is False
+    assert ours["nondefault"] == {"training_script", "training_script_args"}
+
+
+def test_the_parser_s_defaults_do_not_override_the_config_file(tmp_path, script):
+    """A value that only repeats the parser's default is no flag given: the config file's settings stand. The same
+    value typed on the command line is a flag, and wins over the file."""
+    from hasten.commands.launch import load_launch_config
+
+    config = tmp_path / "config.yaml"
+    config.write_text("distributed_type: FSDP\nnum_processes: 2\nrdzv_backend: c10d\n"
+                      "fsdp_config:\n  fsdp_version: 2\n  fsdp_sync_module_states: false\n")
+    path, settings = load_launch_config(str(config))
+
+    def plan(*flags):
+        args = launch_command_parser().parse_args(["--config_file", path, *flags, script])
+        return build_plan(args, settings, path, environ={}, cpu_count=8, count_accelerators=lambda: 0,
+                          find_free_port=lambda: 41234, is_port_in_use=lambda port, host: False)
+
+    from_file = plan()
+    assert from_file.env["HASTEN_FSDP_SYNC_MODULE_STATES"] == "false" and from_file.env["HASTEN_FSDP_VERSION"] == "2"
+    from torch.distributed import run as torchrun
+
+    assert torchrun.parse_args(from_file.torchrun_args).rdzv_backend == "c10d"
+    typed = plan("--fsdp_sync_module_states", "true", "--fsdp_version", "1")
+    assert typed.env["HASTEN_FSDP_SYNC_MODULE_STATES"] == "true" and typed.env["HASTEN_FSDP_VERSION"] == "1"
+
+
+def test_a_namespace_built_by_code_counts_what_differs_from_the_defaults(script):
+    """Callers build a Namespace by hand (no record of what was typed): a value other than the parser's default
+    is given, the default itself is not; ``given_flags`` leaves the caller's namespace as it was."""
+    import argparse
+
+    from hasten.commands.launch_defaults import given_flags
+
+    args = argparse.Namespace(**vars(launch_command_parser().parse_args([script])))
+    del args.nondefault
+    args.fsdp_version, args.rdzv_backend = "2", "static"
+    view = given_flags(args)
+    assert view.fsdp_version == "2" and view.rdzv_backend is None and view.cpu is None
+    assert args.rdzv_backend == "static" and args.cpu is False
+    assert given_flags(view).fsdp_version == "2"
+    env = plan_for(["--use_fsdp", script]).env
+    assert env["HASTEN_USE_FSDP"] == "true" and "HASTEN_FSDP_VERSION" not in env  # the plugin's own default stands
+
+
+def test_validate_launch_command_puts_the_config_file_over_the_parser_s_defaults(tmp_path, script):
+    """Accelerate's helper: a flag left out takes the config file's value even though the parser filled it (the
+    FSDP switches read "true" before); typed flags stay."""
+    from hasten.commands.launch import _validate_launch_command
+
+    config = tmp_path / "config.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndebug: true\nnum_processes: 1\ndistributed_type: 'NO'\n"
+                      "rdzv_backend: c10d\nfsdp_config:\n  fsdp_sync_module_states: false\n  fsdp_use_orig_params: false\n"
+                      "deepspeed_config:\n  deepspeed_config_file: from/the/file.json\n")
+    args = launch_command_parser().parse_args(["--num-processes", "2", "--deepspeed_config_file", "given.json",
+                                               "--fsdp_use_orig_params", "true", "--config-file", str(config),
+                                               script])
+    assert not args.debug and args.fsdp_sync_module_states == "true" and args.rdzv_backend == "static"
+    _validate_launch_command(args)
+    assert args.debug is True and args.num_processes == 2 and args.rdzv_backend == "c10d"
+    assert args.fsdp_sync_module_states is False and args.fsdp_use_orig_params == "true"
+    assert args.deepspeed_config_file == "given.json"

@@ -20,11 +20,46 @@ def with_both_spellings(options) -> list:
     return list(dict.fromkeys(spelling for option in options for spelling in spellings(option)))
 
 
+GIVEN = "nondefault"  # the parsed namespace's set of the flags given on the command line (Accelerate's name)
+
+
+def recording(action, parser=None) -> type:
+    """The argparse action ``action`` (a class, or a name such as ``"store_true"`` looked up on ``parser``) that
+    also adds its ``dest`` to the namespace's ``nondefault`` set when its argument is given, so that a flag given
+    with its default value can be told from one left out."""
+    action_class = parser._registry_get("action", action, action) if isinstance(action, str) else action
+
+    class Recording(action_class):
+        def __call__(self, parser, namespace, values, option_string=None):
+            super().__call__(parser, namespace, values, option_string)
+            given = getattr(namespace, GIVEN, None)
+            if given is None:
+                given = set()
+                setattr(namespace, GIVEN, given)
+            given.add(self.dest)
+
+    Recording.__name__ = Recording.__qualname__ = f"Recording{action_class.__name__}"
+    return Recording
+
+
 def add_flag(parser, name: str, *short: str, aliases=(), **kwargs) -> argparse.Action:
-    """Add ``--name`` (and ``--na-me`` when the name has underscores), ``aliases`` and ``short`` options (``-n``)."""
+    """Add ``--name`` (and ``--na-me`` when the name has underscores), ``aliases`` and ``short`` options (``-n``).
+
+    A flag given on the command line is recorded in the namespace's ``nondefault`` set (see ``was_given``)."""
     kwargs.setdefault("dest", name)
+    kwargs["action"] = recording(kwargs.get("action", "store"), parser)
     options = [*short, "--" + name, *("--" + alias for alias in aliases)]
     return parser.add_argument(*with_both_spellings(options), **kwargs)
+
+
+def was_given(args, dest: str, default=None) -> bool:
+    """Whether ``args`` holds a value of its own for ``dest``: the flag was given on the command line (it is in
+    ``nondefault``), or the value is neither None nor the parser's ``default`` (a namespace built or changed by
+    code, which has no record of what was typed)."""
+    if dest in (getattr(args, GIVEN, None) or ()):
+        return True
+    value = getattr(args, dest, None)
+    return value is not None and not (default is not None and value == default)
 
 
 def _shown(options) -> list:

@@ -17,7 +17,8 @@ import tempfile
 
 from .errors import CommandError
 from .failure_summary import root_cause, signal_hint
-from .flags import OneSpellingHelpFormatter, add_flag
+from .flags import OneSpellingHelpFormatter, add_flag, recording
+from .launch_defaults import SHOWN_DEFAULTS, given_flags
 from .launch_deepspeed import DeepSpeedRunner, env_file_text
 from .launch_options import BACKEND_GROUPS, add_backend_options, backend_not_yet_supported
 from .launch_parallelism import add_parallelism_options
@@ -58,66 +59,75 @@ def clean_option(option: str):
     return None
 
 
+def _flag(parser, name: str, *short: str, **kwargs) -> argparse.Action:
+    """``add_flag`` with Accelerate's parser default for the flag, where it has one (see ``launch_defaults``)."""
+    dest = kwargs.get("dest") or name
+    if dest in SHOWN_DEFAULTS:
+        kwargs["default"] = SHOWN_DEFAULTS[dest]
+    return add_flag(parser, name, *short, **kwargs)
+
+
 def _define(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    add_flag(parser, "config_file", default=None, metavar="PATH",
-             help="config file to read (default: the one written by `hasten config default`, if it exists)")
-    add_flag(parser, "quiet", "-q", action="store_true", default=False,
-             help="accepted for Accelerate compatibility: a failed job always shows only the failing rank's traceback")
+    _flag(parser, "config_file", default=None, metavar="PATH",
+          help="config file to read (default: the one written by `hasten config default`, if it exists)")
+    _flag(parser, "quiet", "-q", action="store_true", default=None,
+          help="accepted for Accelerate compatibility: a failed job always shows only the failing rank's traceback")
     procs = parser.add_argument_group("processes and machines")
-    add_flag(procs, "num_processes", "-n", type=int, default=None, metavar="N",
-             help="total number of processes over all machines (default: one per GPU on each machine, else 1)")
-    add_flag(procs, "num_machines", aliases=("nnodes",), default=None, metavar="N|MIN:MAX",
-             help="number of machines (default 1, or the SLURM allocation's); MIN:MAX for an elastic job (c10d)")
-    add_flag(procs, "machine_rank", type=int, default=None, metavar="RANK",
-             help="this machine's index, from 0 (inside SLURM: SLURM_NODEID)")
-    add_flag(procs, "main_process_ip", default=None, metavar="ADDRESS",
-             help="address of machine 0 (inside SLURM: the first host of the allocation)")
-    add_flag(procs, "main_process_port", type=int, default=None, metavar="PORT",
-             help="port on machine 0 (0 or absent on one machine: a free port; 29500 across machines)")
-    add_flag(procs, "same_network", action="store_true", default=None,
-             help="accepted for Accelerate compatibility: machines always meet at --main_process_ip")
-    add_flag(procs, "rdzv_backend", default=None, metavar="NAME",
-             help="torchrun rendezvous backend: static (default), c10d (elastic), etcd")
-    add_flag(procs, "rdzv_conf", default=None, metavar="K=V,...", help="extra rendezvous settings")
-    add_flag(procs, "max_restarts", type=int, default=None, metavar="N",
-             help="restart the whole worker group up to N times after a failure (default 0)")
-    add_flag(procs, "monitor_interval", type=float, default=None, metavar="SECONDS",
-             help="how often the agent checks its workers (default 0.1)")
-    add_flag(procs, "role", default=None, metavar="NAME", help="torchrun's role name of the workers")
-    add_flag(procs, "cpu", action="store_true", default=None, help="run on CPU even when GPUs are present")
-    add_flag(procs, "gpu_ids", default=None, metavar="IDS", help="GPUs to use, e.g. 0,1 (default all)")
-    add_flag(procs, "enable_cpu_affinity", action="store_true", default=None,
-             help="pin each GPU process to the CPU cores of its GPU's NUMA node")
-    add_flag(procs, "as_accelerate", action="store_true", default=False,
-             help="set HASTEN_AS_ACCELERATE=1 for the workers: `import accelerate` in them (transformers' Trainer, "
-                  "TRL, PEFT, diffusers ...) is hasten")
-    add_flag(procs, "num_cpu_threads_per_process", type=int, default=None, metavar="N",
-             help="OMP_NUM_THREADS of each process (default: cores // processes on this machine)")
-    add_flag(procs, "multi_gpu", action="store_true", default=False,
-             help="accepted for Accelerate compatibility; hasten always starts --num_processes processes")
+    _flag(procs, "num_processes", "-n", type=int, default=None, metavar="N",
+          help="total number of processes over all machines (default: one per GPU on each machine, else 1)")
+    _flag(procs, "num_machines", aliases=("nnodes",), default=None, metavar="N|MIN:MAX",
+          help="number of machines (default 1, or the SLURM allocation's); MIN:MAX for an elastic job (c10d)")
+    _flag(procs, "machine_rank", type=int, default=None, metavar="RANK",
+          help="this machine's index, from 0 (inside SLURM: SLURM_NODEID)")
+    _flag(procs, "main_process_ip", default=None, metavar="ADDRESS",
+          help="address of machine 0 (inside SLURM: the first host of the allocation)")
+    _flag(procs, "main_process_port", type=int, default=None, metavar="PORT",
+          help="port on machine 0 (0 or absent on one machine: a free port; 29500 across machines)")
+    _flag(procs, "same_network", action="store_true",
+          help="accepted for Accelerate compatibility: machines always meet at --main_process_ip")
+    _flag(procs, "rdzv_backend", metavar="NAME",
+          help="torchrun rendezvous backend: static (default), c10d (elastic), etcd")
+    _flag(procs, "rdzv_conf", metavar="K=V,...", help="extra rendezvous settings")
+    _flag(procs, "max_restarts", type=int, metavar="N",
+          help="restart the whole worker group up to N times after a failure (default 0)")
+    _flag(procs, "monitor_interval", type=float, metavar="SECONDS",
+          help="how often the agent checks its workers (default 0.1)")
+    _flag(procs, "role", metavar="NAME", help="torchrun's role name of the workers")
+    _flag(procs, "cpu", action="store_true", help="run on CPU even when GPUs are present")
+    _flag(procs, "gpu_ids", default=None, metavar="IDS", help="GPUs to use, e.g. 0,1 (default all)")
+    _flag(procs, "enable_cpu_affinity", action="store_true",
+          help="pin each GPU process to the CPU cores of its GPU's NUMA node")
+    _flag(procs, "as_accelerate", action="store_true", default=False,
+          help="set HASTEN_AS_ACCELERATE=1 for the workers: `import accelerate` in them (transformers' Trainer, "
+               "TRL, PEFT, diffusers ...) is hasten")
+    _flag(procs, "num_cpu_threads_per_process", type=int, default=None, metavar="N",
+          help="OMP_NUM_THREADS of each process (default: cores // processes on this machine)")
+    _flag(procs, "multi_gpu", action="store_true",
+          help="accepted for Accelerate compatibility; hasten always starts --num_processes processes")
     training = parser.add_argument_group("training settings (passed to the script)")
-    add_flag(training, "mixed_precision", default=None, metavar="MODE", help="no, fp16, bf16 or fp8")
-    add_flag(training, "gradient_accumulation_steps", type=int, default=None, metavar="N")
-    add_flag(training, "dynamo_backend", default=None, metavar="BACKEND", help="torch.compile backend, e.g. inductor")
-    add_flag(training, "dynamo_mode", default=None, metavar="MODE")
-    add_flag(training, "dynamo_use_fullgraph", action="store_true", default=None)
-    add_flag(training, "dynamo_use_dynamic", action="store_true", default=None)
-    add_flag(training, "dynamo_use_regional_compilation", action="store_true", default=None)
-    add_flag(training, "debug", action="store_true", default=None,
-             help="HASTEN_DEBUG_MODE=1: extra consistency checks in collectives")
+    _flag(training, "mixed_precision", default=None, metavar="MODE", help="no, fp16, bf16 or fp8")
+    _flag(training, "gradient_accumulation_steps", type=int, default=None, metavar="N")
+    _flag(training, "dynamo_backend", default=None, metavar="BACKEND", help="torch.compile backend, e.g. inductor")
+    _flag(training, "dynamo_mode", metavar="MODE")
+    _flag(training, "dynamo_use_fullgraph", action="store_true")
+    _flag(training, "dynamo_use_dynamic", action="store_true")
+    _flag(training, "dynamo_use_regional_compilation", action="store_true")
+    _flag(training, "debug", action="store_true", default=None,
+          help="HASTEN_DEBUG_MODE=1: extra consistency checks in collectives")
     program = parser.add_argument_group("the program")
-    add_flag(program, "module", "-m", action="store_true", default=False,
-             help="SCRIPT is a module name, run as `python -m SCRIPT`")
-    add_flag(program, "no_python", action="store_true", default=False,
-             help="SCRIPT is an executable, run without python")
-    add_flag(program, "tee", "-t", default=None, metavar="STREAMS",
-             help="also write stdout/stderr to files in --log_dir: 1 stdout, 2 stderr, 3 both")
-    add_flag(program, "log_dir", default=None, metavar="DIR", help="where torchrun writes the workers' logs")
-    add_parallelism_options(parser, add_flag)
-    add_backend_options(parser, add_flag)
-    parser.add_argument("training_script", metavar="SCRIPT", help="the Python script (or module, or executable)")
+    _flag(program, "module", "-m", action="store_true", default=None,
+          help="SCRIPT is a module name, run as `python -m SCRIPT`")
+    _flag(program, "no_python", action="store_true", default=None,
+          help="SCRIPT is an executable, run without python")
+    _flag(program, "tee", "-t", metavar="STREAMS",
+          help="also write stdout/stderr to files in --log_dir: 1 stdout, 2 stderr, 3 both")
+    _flag(program, "log_dir", default=None, metavar="DIR", help="where torchrun writes the workers' logs")
+    add_parallelism_options(parser, _flag)
+    add_backend_options(parser, _flag)
+    parser.add_argument("training_script", metavar="SCRIPT", action=recording("store", parser),
+                        help="the Python script (or module, or executable)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="...",
-                        help="arguments for the script")
+                        action=recording("store", parser), help="arguments for the script")
     return parser
 
 
@@ -270,13 +280,15 @@ def _validate_launch_command(args):
     (``--config_file``, else the default one), checked as ``hasten launch`` checks them; returns ``(args, defaults,
     mp_from_config_flag)``: the config file's contents (None without one) and whether ``mixed_precision`` came
     from it. Sections (``fsdp_config``, ``deepspeed_config``, ``dynamo_config`` ...) fill their flags
-    (``fsdp_<key>``) the same way. Flags given on the command line are kept."""
+    (``fsdp_<key>``) the same way. Flags given on the command line are kept; a value that only repeats the
+    parser's default (``launch_defaults``) gives way to the config file's."""
     from .launch_plan import resolve_settings
 
     path, config = load_launch_config(args.config_file)
-    values, sources, _ = resolve_settings(args, config, path)
+    given = given_flags(args)
+    values, sources, _ = resolve_settings(given, config, path)
     for name, value in values.items():
-        if getattr(args, name, None) is None and value is not None:
+        if getattr(given, name, None) is None and value is not None:
             setattr(args, name, value)
     for section, entries in (config or {}).items():
         if not isinstance(entries, dict):
@@ -284,7 +296,7 @@ def _validate_launch_command(args):
         prefix = {"fsdp_config": "fsdp_", "fp8_config": "fp8_", "dynamo_config": "dynamo_"}.get(section, "")
         for key, value in entries.items():
             flag = key if key.startswith(prefix) else prefix + key
-            if hasattr(args, flag) and getattr(args, flag) is None:
+            if hasattr(args, flag) and getattr(given, flag) is None:
                 setattr(args, flag, value)
     return args, config, sources.get("mixed_precision") == "config file"
 

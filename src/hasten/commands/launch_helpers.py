@@ -11,6 +11,8 @@ import argparse
 import os
 import sys
 
+from .flags import GIVEN
+from .launch_defaults import given_flags
 from .launch_options import backend_not_yet_supported
 
 __all__ = ["PrepareForLaunch", "prepare_simple_launcher_cmd_env", "prepare_multi_gpu_env",
@@ -34,6 +36,7 @@ def _completed(args: argparse.Namespace) -> argparse.Namespace:
 
     defaults = vars(launch_command_parser().parse_args(["placeholder.py"]))
     defaults.update(training_script=None, training_script_args=[])
+    defaults.pop(GIVEN, None)  # what the placeholder command line gave is not what the caller gave
     for name, value in defaults.items():
         if not hasattr(args, name):
             setattr(args, name, value)
@@ -136,7 +139,8 @@ def prepare_extend_env_parallelism_config(args: argparse.Namespace, current_env:
 
 def setup_fp8_env(args: argparse.Namespace, current_env: dict) -> dict:
     """``current_env`` unchanged when no ``--fp8_*`` recipe option is set; the recipe options are not supported yet."""
-    given = sorted(name for name, value in vars(args).items() if name.startswith("fp8_") and value is not None)
+    given = sorted(name for name, value in vars(given_flags(args)).items()
+                   if name.startswith("fp8_") and value is not None)
     if given:
         raise backend_not_yet_supported("FP8", ["--" + name for name in given])
     return current_env

@@ -174,12 +174,13 @@ def _dest(option: Option) -> str:
 
 
 def add_backend_options(parser, add_flag) -> None:
-    """Add every group's flags to ``parser`` (values default to None: "not given")."""
+    """Add every group's flags to ``parser`` with ``add_flag`` (which sets the defaults the parser shows; see
+    ``launch_defaults``: the launch reads a value that only repeats it as "not given")."""
     for group in BACKEND_GROUPS:
         state = "" if group.ready else " (not yet supported by hasten)"
         container = parser.add_argument_group(f"{group.title}{state}")
         for option in group.options:
-            kwargs = {"default": None, "help": option.help, "dest": _dest(option)}
+            kwargs = {"help": option.help, "dest": _dest(option)}
             if option.action:
                 kwargs["action"] = option.action
             if option.action == "store_const":

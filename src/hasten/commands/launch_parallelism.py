@@ -12,6 +12,7 @@ from typing import Mapping, Optional
 from ..config.config_file import PARALLELISM_KEYS
 from ..core.env_vars import env_name
 from .errors import CommandError
+from .launch_defaults import given_flags
 from .launch_options import Option
 
 __all__ = ["SWITCH", "OPTIONS", "add_parallelism_options", "parallelism_env", "extend_env"]
@@ -38,13 +39,13 @@ SIZES = ("dp_replicate", "dp_shard", "cp", "sp", "tp", "pp")
 
 
 def add_parallelism_options(parser, add_flag) -> None:
-    """Add the flags to ``parser`` in their own group (values default to None: "not given")."""
+    """Add the flags to ``parser`` in their own group with ``add_flag`` (which sets the defaults the parser shows;
+    see ``launch_defaults``: the launch reads a value that only repeats it as "not given")."""
     group = parser.add_argument_group("N-D parallelism (ParallelismConfig)")
-    add_flag(group, SWITCH.name, action="store_true", default=None, help=SWITCH.help)
+    add_flag(group, SWITCH.name, action="store_true", help=SWITCH.help)
     for option in OPTIONS:
         metavar = None if option.choices else {int: "N"}.get(option.type, "VALUE")
-        add_flag(group, option.name, type=option.type, choices=option.choices, default=None, metavar=metavar,
-                 help=option.help)
+        add_flag(group, option.name, type=option.type, choices=option.choices, metavar=metavar, help=option.help)
 
 
 def _from_flag(name: str, raw):
@@ -106,6 +107,6 @@ def parallelism_env(args, config: Optional[Mapping], config_path: Optional[str],
 def extend_env(args, current_env: dict) -> dict:
     """Accelerate's ``prepare_extend_env_parallelism_config``: ``current_env`` with the parallelism variables of
     ``args`` added (``--use_parallelism_config`` assumed), checked against ``args.num_processes`` when it is set."""
-    env, _ = parallelism_env(args, None, None, getattr(args, "num_processes", None))
+    env, _ = parallelism_env(given_flags(args), None, None, getattr(args, "num_processes", None))
     current_env.update(env or {env_name(SWITCH.name): "true"})
     return current_env

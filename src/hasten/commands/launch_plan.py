@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional
 from ..config.enums import DistributedType, DynamoBackend, PrecisionType
 from ..core.env_vars import env_name, str_to_bool
 from .errors import CommandError
+from .launch_defaults import given_flags
 from .launch_deepspeed import DeepSpeedRunner, resolve_deepspeed, runner_command, uses_runner
 from .launch_mpi import MpiRunner, mpirun_command, mpirun_hostfile
 from .launch_options import backend_env, backend_not_yet_supported, given_backend_options, section_env
@@ -244,8 +245,10 @@ def _config_value(config: Mapping, path: tuple):
 def resolve_settings(args, config: Optional[Mapping], config_path: Optional[str]):
     """Each setting from its flag, else the config file, else its default: ``(values, sources, notes)``.
 
-    A flag that contradicts the config file wins and adds a note saying so.
+    A flag that contradicts the config file wins and adds a note saying so. A value that only repeats the
+    parser's default is not a flag given (``launch_defaults``).
     """
+    args = given_flags(args)
     values, sources, notes = {}, {}, []
     for setting in SETTINGS:
         raw_flag = getattr(args, setting.name, None)
@@ -545,6 +548,7 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
     A flag of a backend hasten does not have yet raises ``NotYetSupportedError``. ``environ`` is where SLURM's
     variables are read; ``slurm_hostnames`` expands a node list (default: ``scontrol``, else parsed here).
     """
+    args = given_flags(args)  # the parser's defaults are not flags given
     environ = os.environ if environ is None else environ
     if find_free_port is None or is_port_in_use is None:
         from ..core import network

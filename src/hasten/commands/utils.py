@@ -7,28 +7,13 @@ from __future__ import annotations
 
 import argparse
 
-from .flags import OneSpellingHelpFormatter, with_both_spellings
+from .flags import OneSpellingHelpFormatter, recording, with_both_spellings
 
 __all__ = ["CustomArgumentParser", "CustomArgumentGroup"]
 
 
-def _record_given(action_class):
-    """``action_class`` that also adds its ``dest`` to ``namespace.nondefault`` when the option is given."""
-
-    class Recording(action_class):
-        def __call__(self, parser, namespace, values, option_string=None):
-            super().__call__(parser, namespace, values, option_string)
-            if not hasattr(namespace, "nondefault"):
-                namespace.nondefault = set()
-            namespace.nondefault.add(self.dest)
-
-    Recording.__name__ = action_class.__name__
-    return Recording
-
-
-_ACTIONS = {"store": _record_given(argparse._StoreAction), "store_true": _record_given(argparse._StoreTrueAction),
-            "store_false": _record_given(argparse._StoreFalseAction),
-            "store_const": _record_given(argparse._StoreConstAction)}
+_ACTIONS = {"store": recording(argparse._StoreAction), "store_true": recording(argparse._StoreTrueAction),
+            "store_false": recording(argparse._StoreFalseAction), "store_const": recording(argparse._StoreConstAction)}
 
 
 def _add(add, args, kwargs):
