@@ -248,10 +248,10 @@ def stateful(workers=0, **kwargs):
                                use_stateful_dataloader=True)
 
 
-def plain_torchdata(workers=0):
+def plain_torchdata(workers=0, **kwargs):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    return StatefulDataLoader(list(range(20)), batch_size=2, num_workers=workers)
+    return StatefulDataLoader(list(range(20)), batch_size=2, num_workers=workers, **kwargs)
 
 
 def after(loader, batches):
@@ -264,14 +264,12 @@ def after(loader, batches):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_stateful_loaders_state_is_torchdatas_with_hastens_keys_beside(workers, torchdata):
-    torchdata_state, rest = after(plain_torchdata(workers), 3)
-    ours, our_rest = after(stateful(workers), 3)
+def test_a_stateful_loaders_state_is_torchdatas_key_for_key(workers, torchdata):
+    torchdata_state, rest = after(plain_torchdata(workers, generator=torch.Generator().manual_seed(7)), 3)
+    ours, our_rest = after(stateful(workers, generator=torch.Generator().manual_seed(7)), 3)
     assert our_rest == rest
-    assert set(torchdata_state) <= set(ours)
-    assert set(ours) - set(torchdata_state) == {"epoch", "batches_yielded", "generators"}
-    assert (ours["epoch"], ours["batches_yielded"]) == (0, 3)
-    assert set(stateful(workers).state_dict()) >= set(torchdata_state)  # also before any pass
+    assert ours == torchdata_state  # what torchdata's own loader says (the same worker seed), nothing beside it
+    assert stateful(workers).state_dict().keys() == plain_torchdata(workers).state_dict().keys()  # before a pass
 
     # both ways between hasten and torchdata, and back into hasten
     resumed = stateful(workers)
@@ -281,9 +279,44 @@ def test_a_stateful_loaders_state_is_torchdatas_with_hastens_keys_beside(workers
     plain = plain_torchdata(workers)
     plain.load_state_dict(ours)
     assert values(plain) == rest
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stateful_loaders_full_state_has_hastens_keys_beside_torchdatas(workers, torchdata):
+    """``resume_state_dict()`` (what save_state stores) adds the epoch counter and the generators; it still
+    loads into torchdata's loader."""
+    loader = stateful(workers)
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    full, public = loader.resume_state_dict(), loader.state_dict()
+    rest = [batch.tolist() for batch in iterator]
+    assert set(full) - set(public) == {"epoch", "batches_yielded", "generators"}
+    assert (full["epoch"], full["batches_yielded"]) == (0, 3)
     resumed = stateful(workers)
-    resumed.load_state_dict(ours)
+    resumed.load_state_dict(full)
     assert values(resumed) == rest
+    plain = plain_torchdata(workers)
+    plain.load_state_dict(full)
+    assert values(plain) == rest
+
+
+def test_the_full_state_brings_back_a_later_epoch_s_shuffle(torchdata):
+    """torchdata's keys say where the epoch is, not which epoch nor the generator at its start: a shuffled loader
+    resumed from ``resume_state_dict()`` in its second epoch draws what the uninterrupted one drew."""
+    def loader():
+        return stateful(shuffle=True, generator=torch.Generator().manual_seed(5))
+
+    uninterrupted = loader()
+    values(uninterrupted)  # epoch 0
+    iterator = iter(uninterrupted)
+    for _ in range(2):
+        next(iterator)
+    full = uninterrupted.resume_state_dict()
+    rest = [batch.tolist() for batch in iterator]
+    resumed = loader()
+    resumed.load_state_dict(full)
+    assert resumed.iteration == 1 and values(resumed) == rest
 
 
 def test_a_stateful_loaders_state_before_a_pass_changes_nothing(torchdata):
@@ -296,7 +329,11 @@ def test_a_stateful_loaders_state_before_a_pass_changes_nothing(torchdata):
 
 
 def test_the_older_hasten_format_still_loads(torchdata):
-    ours, rest = after(stateful(shuffle=True, generator=torch.Generator().manual_seed(1)), 4)
+    loader = stateful(shuffle=True, generator=torch.Generator().manual_seed(1))
+    iterator = iter(loader)
+    for _ in range(4):
+        next(iterator)
+    ours, rest = loader.resume_state_dict(), [batch.tolist() for batch in iterator]
     own = {key: ours[key] for key in ("epoch", "batches_yielded", "generators")}
     older = {**own, "base": {key: value for key, value in ours.items() if key not in own}}
     resumed = stateful(shuffle=True, generator=torch.Generator().manual_seed(1))

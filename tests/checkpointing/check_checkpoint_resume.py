@@ -92,7 +92,7 @@ def train(variant, workdir, save=False, resume=False):
                 accelerator.save_state(checkpoint_dir(variant, workdir))
             if (epoch, progress.step_in_epoch) == (STOP_EPOCH, STOP_STEP + 1):
                 # what a save_state here would record for the prepared loader (also while a skipping copy runs)
-                position = loader.state_dict()
+                position = loader.resume_state_dict()
                 positions = (position["epoch"], position["batches_yielded"])
         assert progress.step_in_epoch == SAMPLES // BATCH // accelerator.num_processes, progress.step_in_epoch
     assert positions == (STOP_EPOCH, STOP_STEP + 1), f"{variant}: the loader reports position {positions}"

@@ -28,7 +28,7 @@ from . import layout
 from .full_state_reader import apply_full_state, read_full_state
 from .model_files import drop_aliases, state_dict_for_checkpoint
 from .rng import capture_rng_states
-from .targets import CheckpointTargets
+from .targets import CheckpointTargets, loader_state
 from .writers import write_pickle, write_tensors
 
 __all__ = ["FullStateCheckpointIO", "Snapshot", "take_snapshot", "write_full_state", "write_shared_files",
@@ -74,11 +74,6 @@ class Snapshot:
         self.rng = capture_rng_states(step=self.rng.get("step", 0))
 
 
-def _loader_state(loader) -> Optional[Any]:
-    state_dict = getattr(loader, "state_dict", None)
-    return state_dict() if callable(state_dict) else None
-
-
 def take_snapshot(strategy, targets, model_state=None, optimizer_state=None) -> Snapshot:
     """Collective under sharded strategies (their state dicts gather): every process calls it.
     ``model_state(model)`` / ``optimizer_state(model, optimizer)``: how to take those states (default: the
@@ -90,7 +85,7 @@ def take_snapshot(strategy, targets, model_state=None, optimizer_state=None) -> 
         optimizers=[optimizer_state(targets.model_of(optimizer), optimizer) for optimizer in targets.optimizers],
         schedulers=[scheduler.state_dict() for scheduler in targets.schedulers],
         scaler=targets.scaler.state_dict() if targets.scaler is not None else None,
-        loaders=[_loader_state(loader) for loader in targets.dataloaders],
+        loaders=[loader_state(loader) for loader in targets.dataloaders],
         custom=[obj.state_dict() for obj in targets.custom_objects],
         rng=capture_rng_states(step=targets.step),
     )

@@ -28,7 +28,7 @@ from .optimizer_names import by_position
 from .rng import capture_rng_states, restore_rng_states
 from .safe_load import load_pickle_file, load_safetensors_file
 from .sharded_files import is_sharded_folder, model_weights_from_shards, optimizer_state_from_shards
-from .targets import CheckpointTargets
+from .targets import CheckpointTargets, loader_state
 
 __all__ = ["LoadedState", "read_full_state", "apply_full_state", "model_path", "EngineCheckpointFormat"]
 
@@ -348,7 +348,7 @@ def apply_full_state(strategy, loaded: LoadedState, targets: CheckpointTargets, 
             undo.append((lambda o, s: o.load_state_dict(s), obj, _copy(obj.state_dict())))
             obj.load_state_dict(state)
         for loader, state in loaded.loaders or ():
-            current = loader.state_dict() if callable(getattr(loader, "state_dict", None)) else None
+            current = loader_state(loader)
             if current is not None:
                 undo.append((lambda o, s: o.load_state_dict(s), loader, _copy(current)))
             loader.load_state_dict(state)

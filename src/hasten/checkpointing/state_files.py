@@ -19,6 +19,7 @@ from .model_files import drop_aliases, fill_aliases, match_keys
 from .rng import capture_rng_states, restore_rng_states
 from .safe_load import load_pickle_file, load_safetensors_file
 from .serialization import save as _save_from_one_process
+from .targets import loader_state
 from .writers import atomic_file, write_pickle, write_tensors
 
 __all__ = ["save_accelerator_state", "load_accelerator_state", "save_custom_state", "load_custom_state"]
@@ -67,8 +68,7 @@ def save_accelerator_state(output_dir, model_states: list, optimizers: list, sch
         if scaler is not None:
             _pickle(scaler.state_dict(), folder / layout.SCALER_NAME)
     if dataloaders:
-        positions = [loader.state_dict() if callable(getattr(loader, "state_dict", None)) else None
-                     for loader in dataloaders]
+        positions = [loader_state(loader) for loader in dataloaders]
         _pickle(positions, folder / layout.loader_states_file(process_index))
     _pickle(capture_rng_states(step=step), folder / layout.rng_file(process_index))
     logger.info("State saved in %s", folder)

@@ -13,7 +13,18 @@ from typing import Any, Callable, Optional
 import torch
 
 
-__all__ = ["CheckpointTargets", "check_registrable"]
+__all__ = ["CheckpointTargets", "check_registrable", "loader_state"]
+
+
+def loader_state(loader) -> Optional[Any]:
+    """What a checkpoint keeps of a data loader: hasten's full position (``resume_state_dict()``: epoch counter
+    and generators included; a stateful loader's ``state_dict()`` is torchdata's alone), else the loader's
+    ``state_dict()``, else None (a loader with no state)."""
+    for name in ("resume_state_dict", "state_dict"):
+        method = getattr(loader, name, None)
+        if callable(method):
+            return method()
+    return None
 
 
 @dataclass

@@ -30,7 +30,8 @@ from .batch_shard import BatchSamplerShard
 from .iterable import IterableDatasetShard, has_own_state
 from .progress import DataLoaderStateMixin
 from .samplers import SeedableRandomSampler, get_sampler
-from .stateful import drop_unsupported_kwargs, is_torchdata_state, stateful_variant, torchdata_position
+from .stateful import (drop_unsupported_kwargs, is_torchdata_state, plain_batch_sampler_state, stateful_variant,
+                       torchdata_position)
 from .validation import check_non_negative_int
 
 __all__ = ["PreparedDataLoader", "DataLoaderAdapter", "loader_options"]
@@ -275,18 +276,34 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict:
-        """Where this loader is: restore it with ``load_state_dict`` to continue exactly from here.
+        """Where this loader is, for ``load_state_dict``.
+
+        A loader prepared with ``use_stateful_dataloader=True`` answers as torchdata's ``StatefulDataLoader``
+        does, key for key (taken before the batch read ahead), so the state equals torchdata's own loader's and
+        loads into torchdata's and Accelerate's loaders; like theirs, it continues the current epoch. Any other
+        loader answers ``resume_state_dict()``. ``Accelerator.save_state`` stores ``resume_state_dict()``.
+        """
+        state = self.resume_state_dict()
+        if not self._is_stateful:
+            return state
+        torchdata_part = {key: value for key, value in state.items() if key not in _OWN_KEYS}
+        if not is_torchdata_state(torchdata_part):
+            return state  # nothing of torchdata's to say (a dispatcher's receiving process)
+        return plain_batch_sampler_state(torchdata_part)
+
+    def resume_state_dict(self) -> dict:
+        """Where this loader is, in full: restore it with ``load_state_dict`` to continue exactly from here, the
+        epoch counter and the random generators included.
 
         Keys: ``epoch``, ``batches_yielded`` (in that epoch), ``generators`` (states at the start of the
         pass), ``sampler`` (a ``SeedableRandomSampler``'s seed) and, mid-pass, ``dataset`` (an iterable
         dataset's own state). After the last batch of a pass it points at the next epoch. A loader prepared
-        with ``use_stateful_dataloader=True`` returns torchdata's ``StatefulDataLoader`` state (the same
-        top-level keys, taken before the batch read ahead) with these keys beside them, so the state also
-        loads into torchdata's and Accelerate's loaders.
+        with ``use_stateful_dataloader=True`` adds torchdata's ``StatefulDataLoader`` state beside them (its
+        top-level keys).
         """
         active = self.__dict__.get("_active_copy")
         if active is not None:
-            return active.state_dict()
+            return active.resume_state_dict()
         if self._loaded_state is not None:
             return copy.deepcopy(self._loaded_state)
         mid_pass = self._position > 0 and not self.end_of_dataloader

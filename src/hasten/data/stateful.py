@@ -21,7 +21,7 @@ from ..core.imports import require_extra
 from .batch_shard import BatchSamplerShard
 
 __all__ = ["stateful_dataloader_class", "stateful_variant", "drop_unsupported_kwargs", "is_torchdata_state",
-           "torchdata_position"]
+           "torchdata_position", "plain_batch_sampler_state"]
 
 # torchdata's keys: every state has the first; a single-process one has the second, a multi-worker one the third.
 _FINISHED, _NUM_YIELDED, _SNAPSHOT = "_iterator_finished", "_num_yielded", "_snapshot"
@@ -57,6 +57,23 @@ def _with_shard_position(state: dict) -> dict:
     state = copy.deepcopy(state)
     _main_state(state)["_index_sampler_state"] = {"batches_yielded": int(main.get("_sampler_iter_yielded", 0))}
     return state
+
+def plain_batch_sampler_state(state: dict) -> dict:
+    """``state`` as torchdata's own loader reports it: where hasten's ``BatchSamplerShard`` recorded only its
+    position, which torchdata's ``_sampler_iter_yielded`` already holds, the index-sampler state is None (a plain
+    ``BatchSampler`` has none). A shard that also holds a seedable sampler's epoch and seed keeps its state."""
+    main = _main_state(state)
+    shard = main.get("_index_sampler_state")
+    if not (isinstance(shard, dict) and set(shard) == {"batches_yielded"}
+            and shard["batches_yielded"] == main.get("_sampler_iter_yielded")):
+        return state
+    state = copy.copy(state)
+    if _SNAPSHOT in state:
+        state[_SNAPSHOT] = {**state[_SNAPSHOT], "_main_snapshot": {**main, "_index_sampler_state": None}}
+    else:
+        state["_index_sampler_state"] = None
+    return state
+
 
 # Loader classes that have a stateful variant, by name (needed to rebuild a variant when unpickling).
 _VARIANT_BASES = {
