@@ -4,7 +4,8 @@
 subprocess helpers (``get_launch_command``, ``execute_subprocess_async``) and the machine's device
 (``torch_device``, ``device_count``); ``training`` has ``RegressionDataset`` / ``RegressionModel``;
 ``scripts`` holds the script ``hasten test`` launches and the self-checks Accelerate's test suites launch
-(``test_script``, ``test_ops``, ``test_sync``; importable from here by those names, loaded on first use). See
+(``test_script``, ``test_ops``, ``test_sync``; importable from here by those names, loaded on first use);
+``examples`` checks that complete example scripts hold every feature script's additions. See
 docs/testing-helpers.md.
 """
 from __future__ import annotations

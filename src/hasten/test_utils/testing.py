@@ -791,3 +791,19 @@ def capture_call_output(func, *args, **kwargs):
     with contextlib.redirect_stdout(captured):
         func(*args, **kwargs)
     return captured.getvalue()
+
+
+# Names Accelerate's testing module has in its namespace and test files import from it: the availability checks
+# and the state classes, answered from where hasten keeps them (loaded on first use).
+_FROM_UTILS = ("check_cuda_fp8_capability", "is_habana_gaudi1", "gather")
+_FROM_STATE = ("AcceleratorState", "GradientState")
+
+
+def __getattr__(name: str):
+    if name in _FROM_STATE:
+        return getattr(importlib.import_module("hasten.state"), name)
+    if name in _FROM_UTILS or (name.startswith("is_") and name.endswith("_available")):
+        utils = importlib.import_module("hasten.utils")
+        if hasattr(utils, name):
+            return getattr(utils, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
