@@ -197,10 +197,6 @@ class PartialState:
                 self._init_process_group(device_type, kwargs)
             self.backend = dist.get_backend()
             self.distributed_type = _MULTI_TYPE[device_type]
-        if (world_size > 1 or "LOCAL_RANK" in os.environ) and get_flag_setting("use_deepspeed"):
-            # A DeepSpeed launch (`hasten launch --use_deepspeed`, or transformers' TrainingArguments(deepspeed=...),
-            # which sets the switch before making its state) says so before any Accelerator, as the reference does.
-            self.distributed_type = DistributedType.DEEPSPEED
         if device_type == "cpu" and chosen is not None and chosen.type == "cpu" and chosen.index is not None:
             warnings.warn(
                 f"HASTEN_TORCH_DEVICE / ACCELERATE_TORCH_DEVICE={str(chosen)!r}: torch keeps every CPU tensor on "
