@@ -6,6 +6,7 @@ Accelerate accepts either; scripts and configs written for it use both, so every
 from __future__ import annotations
 
 import argparse
+import functools
 
 
 def spellings(option: str) -> list:
@@ -26,9 +27,13 @@ GIVEN = "nondefault"  # the parsed namespace's set of the flags given on the com
 def recording(action, parser=None) -> type:
     """The argparse action ``action`` (a class, or a name such as ``"store_true"`` looked up on ``parser``) that
     also adds its ``dest`` to the namespace's ``nondefault`` set when its argument is given, so that a flag given
-    with its default value can be told from one left out."""
+    with its default value can be told from one left out. One class per action class, made once."""
     action_class = parser._registry_get("action", action, action) if isinstance(action, str) else action
+    return _recording_class(action_class)
 
+
+@functools.lru_cache(maxsize=None)
+def _recording_class(action_class: type) -> type:
     class Recording(action_class):
         def __call__(self, parser, namespace, values, option_string=None):
             super().__call__(parser, namespace, values, option_string)

@@ -286,7 +286,7 @@ def _validate_launch_command(args):
 
     path, config = load_launch_config(args.config_file)
     given = given_flags(args)
-    values, sources, _ = resolve_settings(given, config, path)
+    values, sources, _ = resolve_settings(args, config, path)  # which reads the same view
     for name, value in values.items():
         if getattr(given, name, None) is None and value is not None:
             setattr(args, name, value)

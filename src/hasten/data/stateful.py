@@ -58,6 +58,7 @@ def _with_shard_position(state: dict) -> dict:
     _main_state(state)["_index_sampler_state"] = {"batches_yielded": int(main.get("_sampler_iter_yielded", 0))}
     return state
 
+
 def plain_batch_sampler_state(state: dict) -> dict:
     """``state`` as torchdata's own loader reports it: where hasten's ``BatchSamplerShard`` recorded only its
     position, which torchdata's ``_sampler_iter_yielded`` already holds, the index-sampler state is None (a plain
