@@ -288,6 +288,10 @@ ALLOWED_BRANCHES = {
     ("precision/autocast.py", "get_grad_scaler"),  # get_grad_scaler(distributed_type=...): FSDP's sharded scaler
     ("state.py", "is_fsdp2"),  # AcceleratorState.is_fsdp2: read-only view of what the strategy set
     ("state.py", "deepspeed_plugin"),  # AcceleratorState.deepspeed_plugin: likewise
+    # the reference's PartialState says DEEPSPEED for a DeepSpeed launch, before any strategy exists
+    ("state.py", "launched_backend_type"),
+    # a launched test script asserting what the process state reports for the launch it was given
+    ("test_utils/scripts/test_script.py", "check_process_state"),
 }
 
 

@@ -149,6 +149,19 @@ def _device_from_env() -> Optional[torch.device]:
     return device
 
 
+def launched_backend_type(launched: bool, process_kind: DistributedType) -> DistributedType:
+    """The type a launched process's PartialState reports before any Accelerator: ``DEEPSPEED`` when it was started
+    for DeepSpeed (``hasten launch --use_deepspeed``, a config file's ``distributed_type: DEEPSPEED``, or transformers'
+    ``TrainingArguments(deepspeed=...)``, which sets ``ACCELERATE_USE_DEEPSPEED=true`` before it makes its state), as
+    the reference's PartialState says; else ``process_kind`` (NO, MULTI_CPU, MULTI_GPU, ...). ``launched``: more
+    than one process, or ``LOCAL_RANK`` set. The other backends show only in the AcceleratorState, once the
+    Accelerator builds them, as in the reference. DeepSpeed's own communication layer is set up by the strategy
+    (or by ``deepspeed.zero.Init``, which does it itself), on the process group made here."""
+    if launched and get_flag_setting("use_deepspeed"):
+        return DistributedType.DEEPSPEED
+    return process_kind
+
+
 class PartialState:
     """The process state without training settings: ranks, device, process group.
 
@@ -197,6 +210,8 @@ class PartialState:
                 self._init_process_group(device_type, kwargs)
             self.backend = dist.get_backend()
             self.distributed_type = _MULTI_TYPE[device_type]
+        self.distributed_type = launched_backend_type(world_size > 1 or "LOCAL_RANK" in os.environ,
+                                                      self.distributed_type)
         if device_type == "cpu" and chosen is not None and chosen.type == "cpu" and chosen.index is not None:
             warnings.warn(
                 f"HASTEN_TORCH_DEVICE / ACCELERATE_TORCH_DEVICE={str(chosen)!r}: torch keeps every CPU tensor on "

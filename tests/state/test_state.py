@@ -39,6 +39,24 @@ def test_cpu_flag_and_environment(monkeypatch):
         PartialState()
 
 
+def test_a_deepspeed_launch_says_so_before_any_accelerator(monkeypatch):
+    """transformers' TrainingArguments(deepspeed=...) sets ACCELERATE_USE_DEEPSPEED and reads the state's type:
+    a launched process (LOCAL_RANK set) reports DEEPSPEED; a plain run with the switch, or a launch without it,
+    does not. (Two processes: tests/strategies/deepspeed/check_deepspeed.py.)"""
+    PartialState._reset_state()
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert PartialState().distributed_type == DistributedType.NO  # not launched: nothing to say yet
+    PartialState._reset_state()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    state = PartialState()
+    assert state.distributed_type == DistributedType.DEEPSPEED and state.num_processes == 1
+    assert not state.use_distributed  # one process: no process group was made for it
+    PartialState._reset_state()
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "false")
+    assert PartialState().distributed_type == DistributedType.NO
+    PartialState._reset_state()
+
+
 def test_world_size_without_launcher_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")

@@ -3,6 +3,7 @@
 Training numbers against single-process PyTorch, for every ZeRO stage, are the conformance suite's
 (check_strategy_conformance.py). Here, one Accelerator after another (the state is reset between them):
 
+0. the process state of a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED set, as transformers does) says DEEPSPEED;
 1. "auto" filling from the run (batch sizes, accumulation, the model's hidden size, bf16), and a config's
    contradictions refused naming both values, before anything is prepared;
 2. the accumulation boundary: the engine's and hasten's agree on every micro-batch;
@@ -360,7 +361,26 @@ def check_save_model_zero3(work: Path) -> None:
     say(accelerator, "ok: zero3_init builds a model already partitioned, and it trains")
 
 
+def check_state_of_a_deepspeed_launch() -> None:
+    """transformers' TrainingArguments(deepspeed=...) sets ACCELERATE_USE_DEEPSPEED before it makes its state and
+    reads the state's distributed_type: DEEPSPEED before any Accelerator, as with the reference; not without."""
+    from hasten.config.enums import DistributedType
+    from hasten.state import PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    try:
+        state = PartialState()
+        assert state.distributed_type == DistributedType.DEEPSPEED and state.num_processes == 2, state
+        assert state.use_distributed and state.backend == "gloo"
+    finally:
+        del os.environ["ACCELERATE_USE_DEEPSPEED"]
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert PartialState().distributed_type == DistributedType.MULTI_CPU
+
+
 def main(work: Path) -> None:
+    check_state_of_a_deepspeed_launch()
     check_auto_filling_and_conflicts()
     check_boundary_and_bad_input(work)
     check_config_optimizer_and_scheduler()

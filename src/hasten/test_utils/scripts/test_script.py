@@ -24,6 +24,7 @@ from hasten.collectives.random import synchronize_rng_states
 from hasten.config.accumulation import GradientAccumulationPlugin
 from hasten.config.data import DataLoaderConfiguration
 from hasten.config.enums import DistributedType
+from hasten.core.env_aliases import get_flag_setting
 from hasten.state import AcceleratorState, GradientState, PartialState
 from hasten.test_utils.training import RegressionDataset, RegressionModel
 
@@ -42,7 +43,9 @@ def check_process_state(state):
     assert rank == int(os.environ.get("RANK", "0"))
     assert state.local_process_index == int(os.environ.get("LOCAL_RANK", "0"))
     assert state.use_distributed == (n > 1)
-    if n == 1:
+    if get_flag_setting("use_deepspeed") and (n > 1 or "LOCAL_RANK" in os.environ):  # a DeepSpeed launch
+        assert state.distributed_type == DistributedType.DEEPSPEED, state.distributed_type
+    elif n == 1:
         assert state.distributed_type == DistributedType.NO, state.distributed_type
     elif state.device.type == "cpu":
         assert state.distributed_type == DistributedType.MULTI_CPU and state.backend == "gloo", state
