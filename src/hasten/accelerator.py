@@ -80,8 +80,8 @@ class Accelerator:
     """Run one training script on one device or many processes; the arguments mirror Accelerate's.
 
     Settings given here win over the launcher's environment and config file; a contradiction between them is
-    an error that names both (see docs/configuration.md). What is not supported yet (TPUs, DeepSpeed sequence
-    parallelism, fp8 recipes) raises a clear error instead of being ignored.
+    an error that names both (see docs/configuration.md). What is not supported yet (TPUs, fp8 with TransformerEngine
+    or MS-AMP recipes) raises a clear error instead of being ignored.
     """
 
     def __init__(self, device_placement: bool = True, split_batches: bool = SPLIT_BATCHES_UNSET,

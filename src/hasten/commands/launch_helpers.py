@@ -12,7 +12,6 @@ import os
 import sys
 
 from .flags import GIVEN
-from .launch_defaults import given_flags
 from .launch_options import backend_not_yet_supported
 
 __all__ = ["PrepareForLaunch", "prepare_simple_launcher_cmd_env", "prepare_multi_gpu_env",
@@ -138,11 +137,11 @@ def prepare_extend_env_parallelism_config(args: argparse.Namespace, current_env:
 
 
 def setup_fp8_env(args: argparse.Namespace, current_env: dict) -> dict:
-    """``current_env`` unchanged when no ``--fp8_*`` recipe option is set; the recipe options are not supported yet."""
-    given = sorted(name for name, value in vars(given_flags(args)).items()
-                   if name.startswith("fp8_") and value is not None)
-    if given:
-        raise backend_not_yet_supported("FP8", ["--" + name for name in given])
+    """``current_env`` with the ``HASTEN_FP8_*`` variables of the torchao fp8 options ``args`` gives
+    (``launch_fp8.fp8_env``); the recipe options of TransformerEngine / MS-AMP raise ``NotYetSupportedError``."""
+    from .launch_fp8 import fp8_env
+
+    current_env.update(fp8_env(args))
     return current_env
 
 

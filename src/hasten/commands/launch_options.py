@@ -1,5 +1,5 @@
-"""``hasten launch`` flags grouped by backend: DeepSpeed, FSDP and Megatron-LM are ``ready``; TPU, the fp8 recipe
-options, SageMaker and MPI are not.
+"""``hasten launch`` flags grouped by backend: DeepSpeed, FSDP, Megatron-LM, MPI and fp8 (its torchao options;
+``launch_fp8`` refuses the other libraries' recipe options) are ``ready``; TPU and SageMaker are not.
 
 Each group is one backend. ``hasten launch`` accepts every one of Accelerate's flags, so a migrated command
 line parses; a flag of a group that is not ``ready`` ends the launch with ``NotYetSupportedError`` before
@@ -145,8 +145,10 @@ BACKEND_GROUPS = (
         _bool("megatron_lm_calculate_per_token_loss", "per-token loss"),
         _bool("megatron_lm_use_rotary_position_embeddings", "rotary position embeddings"),
     )),
-    BackendGroup("FP8", "FP8 recipe options (--fp8_*)", "use --mixed_precision fp8 with its default recipe",
-                 env_prefix="fp8_", options=(
+    # ready: launch_fp8 passes the torchao options on and refuses the other libraries' recipe options itself
+    BackendGroup("FP8", "The TransformerEngine / MS-AMP fp8 recipe options",
+                 "use --mixed_precision fp8 through torchao (--fp8_backend ao, --fp8_pad_inner_dim, "
+                 "--fp8_enable_fsdp_float8_all_gather)", env_prefix="fp8_", ready=True, own_env=True, options=(
         Option("fp8_backend", "FP8 engine", choices=("ao", "te", "msamp")),
         _switch("fp8_use_autocast_during_eval", "keep FP8 autocast during evaluation"),
         _int("fp8_margin", "scaling-factor margin"),

@@ -25,6 +25,7 @@ from .errors import CommandError
 from .launch_defaults import given_flags
 from .launch_deepspeed import DeepSpeedRunner, resolve_deepspeed, runner_command, uses_runner
 from .launch_mpi import MpiRunner, mpirun_command, mpirun_hostfile
+from .launch_fp8 import fp8_env
 from .launch_options import backend_env, backend_not_yet_supported, given_backend_options, section_env
 from .launch_parallelism import parallelism_env
 from .loopback_store import is_loopback
@@ -556,6 +557,7 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
         find_free_port = find_free_port or network.find_free_port
         is_port_in_use = is_port_in_use or network.is_port_in_use
     check_backend_flags(args)
+    fp8_env(args, config)  # another library's fp8 recipe stops the launch here, before anything starts
     values, sources, notes = resolve_settings(args, config, config_path)
     strategy = chosen_strategy(args, config, config_path, notes)
     try:
@@ -592,6 +594,7 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
     env = worker_env(values, sources, config, config_path, environ,
                      usable_cpu_count() if cpu_count is None else cpu_count, per_machine, strategy)
     env.update(backend_env(args))
+    env.update(fp8_env(args, config))
     env.update(deepspeed.env)
     env.update(parallel_env)
     if getattr(args, "as_accelerate", False):  # the workers' `import accelerate` is hasten (as_accelerate/)

@@ -1,8 +1,9 @@
 """FP8 training recipes (TransformerEngine, MS-AMP, torchao) as Accelerate's kwargs handlers.
 
 The recipe objects are real and validate their options, so scripts that build them keep working.
-``mixed_precision="fp8"`` trains through torchao with its default conversion (``precision/fp8.py``); the recipes'
-own options are not applied yet, and TransformerEngine / MS-AMP are not run. Unset fields come from the launcher's
+``mixed_precision="fp8"`` trains through torchao (``precision/fp8.py``), with the ``AORecipeKwargs`` given (its
+``config`` and ``module_filter_func``) or a default one; TransformerEngine and MS-AMP recipes are planned, and
+``fp8_recipe_backend`` refuses them by name rather than train another way. Unset fields come from the launcher's
 environment (``HASTEN_FP8_<OPTION>``, or Accelerate's ``ACCELERATE_FP8_<OPTION>``), then the defaults below.
 Nothing here imports transformer_engine, msamp or torchao.
 """
@@ -19,7 +20,7 @@ from .kwargs import KwargsHandler
 
 __all__ = [
     "Backend", "OptLevel", "FP8Format", "AmaxComputeAlgorithm", "FP8BackendType", "AORecipeKwargs",
-    "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs",
+    "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs", "fp8_recipe_backend",
 ]
 
 Backend = Literal["MSAMP", "TE"]
@@ -43,7 +44,7 @@ def _fp8(owner: str, field: str, value, default, parse):
 
 @dataclass
 class AORecipeKwargs(KwargsHandler):
-    """FP8 training with torchao's ``Float8Linear`` (planned).
+    """FP8 training with torchao's ``Float8Linear``: ``Accelerator(mixed_precision="fp8", kwargs_handlers=[...])``.
 
     config: a ``torchao.float8.Float8LinearConfig``; when ``None`` the backend builds one from ``pad_inner_dim``
         and ``enable_fsdp_float8_all_gather`` (both default True; environment ``HASTEN_FP8_PAD_INNER_DIM``,
@@ -149,3 +150,43 @@ class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
                             as_choice(f"{owner}.backend", get_args(Backend), str.upper))
         TERecipeKwargs.__post_init__(self)
         MSAMPRecipeKwargs.__post_init__(self)
+
+
+_RECIPES = {AORecipeKwargs: "AO", TERecipeKwargs: "TE", MSAMPRecipeKwargs: "MSAMP"}
+
+
+def fp8_recipe_backend(mixed_precision: str, handlers: dict) -> Optional[str]:
+    """The fp8 library the run's recipe names ("AO"), None without fp8; checked before anything is built.
+
+    ``handlers``: the Accelerator's kwargs handlers by type. A recipe without ``mixed_precision="fp8"`` is a
+    ValueError (the reference's phrase), as is more than one recipe. A TransformerEngine or MS-AMP recipe (or
+    ``HASTEN_FP8_BACKEND`` / ``ACCELERATE_FP8_BACKEND`` naming them) raises ``NotYetSupportedError``: hasten does not
+    train fp8 another way than the one asked for.
+    """
+    from ..core.env_aliases import get_setting
+    from ..core.planned import not_yet_supported
+
+    recipes = [handler for kind, handler in handlers.items() if issubclass(kind, tuple(_RECIPES))]
+    if recipes and mixed_precision != "fp8":
+        raise ValueError(f"Passing in an FP8 configuration requires setting `mixed_precision='fp8'` (got "
+                         f"{type(recipes[0]).__name__} with mixed_precision={mixed_precision!r}).")
+    if len(recipes) > 1:
+        raise ValueError("kwargs_handlers holds more than one fp8 recipe (" + ", ".join(
+            type(r).__name__ for r in recipes) + "): give the one of the library that should train.")
+    if mixed_precision != "fp8":
+        return None
+    if recipes:
+        recipe = recipes[0]
+        backend = recipe.backend if isinstance(recipe, FP8RecipeKwargs) else next(
+            name for kind, name in _RECIPES.items() if isinstance(recipe, kind))
+    else:
+        backend = str(get_setting("fp8_backend", "AO") or "AO").upper()
+        backend = "AO" if backend == "NO" else backend  # NO: not chosen, the default library
+        if backend not in ("AO", "TE", "MSAMP"):
+            raise ValueError(f"HASTEN_FP8_BACKEND / ACCELERATE_FP8_BACKEND={backend!r}: choose one of 'AO', "
+                             "'TE', 'MSAMP'.")
+    if backend != "AO":
+        library = {"TE": "TransformerEngine", "MSAMP": "MS-AMP"}[backend]
+        raise not_yet_supported(f"fp8 training with {library}", "train in fp8 through torchao (AORecipeKwargs, the "
+                                "default of mixed_precision='fp8'), or in bf16")
+    return backend

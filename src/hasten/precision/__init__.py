@@ -12,10 +12,12 @@ __all__ = ["Precision", "MixedPrecision", "EnginePrecision", "autocast_precision
            "get_mixed_precision_context_manager"]
 
 
-def autocast_precision(mode: str, device, scaler_kwargs=None, autocast_kwargs=None, scaler_class=None) -> Precision:
-    """The autocast family's precision for ``mode`` ("no", "fp16", "bf16"; "fp8" trains through torchao)."""
+def autocast_precision(mode: str, device, scaler_kwargs=None, autocast_kwargs=None, scaler_class=None,
+                       fp8_recipe=None) -> Precision:
+    """The autocast family's precision for ``mode`` ("no", "fp16", "bf16"; "fp8" trains through torchao, with
+    ``fp8_recipe``, the run's ``AORecipeKwargs`` if any)."""
     if mode == "fp8":
         from .fp8 import Float8Precision
 
-        return Float8Precision(device, scaler_kwargs, autocast_kwargs, scaler_class)
+        return Float8Precision(device, scaler_kwargs, autocast_kwargs, scaler_class, recipe=fp8_recipe)
     return MixedPrecision(mode, device, scaler_kwargs, autocast_kwargs, scaler_class)

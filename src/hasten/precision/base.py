@@ -2,7 +2,8 @@
 
 A strategy chooses its precision together with itself (``Strategy.create_precision``); the Accelerator and the
 loop only ask this interface: the loss scaler (fp16), whether autocast is on and in which dtype, the autocast
-context, how a model's forward is wrapped, and which fp8 library trains (``Accelerator.fp8_backend``).
+context, how a model's forward is wrapped, how its weights read in a state dict, and which fp8 library trains
+(``Accelerator.fp8_backend``).
 """
 from __future__ import annotations
 
@@ -37,3 +38,8 @@ class Precision:
     def wrap_forward(self, model):
         """``model`` with its forward wrapped for this precision (returned as it is here)."""
         return model
+
+    def plain_state_dict(self, state: dict) -> dict:
+        """``state`` (a model's state dict) with plain tensors where this precision keeps weights in a wrapper
+        tensor of its own (fp8's); returned as it is here."""
+        return state

@@ -24,27 +24,65 @@ __all__ = ["Float8Precision", "find_first_last_linear_layers", "filter_linear_la
 
 
 class Float8Precision(MixedPrecision):
-    """fp8 training through torchao: linear layers become ``Float8Linear`` (torchao's default conversion), the
-    rest computes under bf16 autocast. Needs torchao and a GPU of compute capability 8.9 or newer."""
+    """fp8 training through torchao: at ``prepare``, the linear layers the recipe's filter keeps become
+    ``Float8Linear`` (torchao's dynamic scaling), and the rest computes under bf16 autocast.
+
+    ``recipe``: the run's ``AORecipeKwargs`` (a default one when None). Its ``config`` (a ``Float8LinearConfig``) is
+    used as given; when None it is built here from ``pad_inner_dim`` and ``enable_fsdp_float8_all_gather`` and set on
+    the recipe, so the script can read it. Its ``module_filter_func`` chooses the layers; by default every linear
+    layer whose dimensions divide by 16, except the model's first and last, which stay in higher precision.
+
+    Runs on a GPU of compute capability 8.9 or newer, and on the CPU, where torch computes fp8 matrix products
+    too (much more slowly: for checking a script, not for speed). Needs torchao.
+    """
 
     fp8_backend = FP8BackendType.AO
 
-    def __init__(self, device: torch.device, scaler_kwargs=None, autocast_kwargs=None, scaler_class=None):
+    def __init__(self, device: torch.device, scaler_kwargs=None, autocast_kwargs=None, scaler_class=None,
+                 recipe=None):
         if not is_torchao_available():
             raise ImportError("mixed_precision='fp8' trains through torchao, which is not installed: pip install "
                               "'hasten[fp8]' (or use mixed_precision='bf16').")
-        if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        if device.type != "cpu" and (device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)):
             raise RuntimeError(f"mixed_precision='fp8' needs a GPU with fp8 support (compute capability 8.9 or newer, "
-                               f"e.g. H100/L40/RTX 4090); this run computes on {device}. Use mixed_precision='bf16'.")
+                               f"e.g. H100/L40/RTX 4090) or the CPU; this run computes on {device}. Use "
+                               "mixed_precision='bf16'.")
         super().__init__("fp8", device, scaler_kwargs, autocast_kwargs, scaler_class)
+        if recipe is None:
+            from ..config.fp8 import AORecipeKwargs
+
+            recipe = AORecipeKwargs()
+        if recipe.config is None:
+            from torchao.float8 import Float8LinearConfig
+
+            recipe.config = Float8LinearConfig(pad_inner_dim=recipe.pad_inner_dim,
+                                               enable_fsdp_float8_all_gather=recipe.enable_fsdp_float8_all_gather)
+        self.recipe = recipe
 
     def wrap_forward(self, model):
-        """Convert the linear layers to fp8 (once), then run the forward under bf16 autocast."""
+        """Convert the chosen linear layers to fp8 (once: a model that already holds them is left as it is), then
+        run the forward under bf16 autocast."""
         if not has_ao_layers(model):
-            from torchao.float8 import convert_to_float8_training
-
-            model = convert_to_float8_training(model)
+            model = convert_model_to_fp8_ao(model, config=self.recipe.config,
+                                            module_filter_func=self.recipe.module_filter_func)
         return super().wrap_forward(model)
+
+    def plain_state_dict(self, state: dict) -> dict:
+        """With ``enable_fsdp_float8_all_gather`` torchao keeps each fp8 layer's weight in a wrapper tensor (its
+        data is the one inner tensor): the state dict holds that plain tensor, which files and other runs take."""
+        return {key: _inner_tensor(value) for key, value in state.items()}
+
+
+def _inner_tensor(value):
+    """The one tensor inside a wrapper tensor subclass (torchao's ``WeightWithDynamicFloat8CastTensor``), else
+    ``value``."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
+        names, _ = value.__tensor_flatten__()
+        if len(names) == 1:
+            return getattr(value, names[0])
+    return value
 
 
 def find_first_last_linear_layers(model: torch.nn.Module):
@@ -84,7 +122,8 @@ def has_ao_layers(model: torch.nn.Module):
 
 def convert_model_to_fp8_ao(model: torch.nn.Module, config: Optional["Float8LinearConfig"] = None,
                             module_filter_func: Optional[Callable] = None):
-    """Convert ``model``'s linear layers to torchao's ``Float8Linear`` in place.
+    """Convert ``model``'s linear layers to torchao's ``Float8Linear`` in place; returns the model (a model that is
+    itself one ``nn.Linear`` is replaced, so use the result).
 
     config: a ``torchao.float8.Float8LinearConfig`` (default: torchao's). module_filter_func: ``(module, fqn) ->
     bool``, which layers to convert; default: every linear layer with dimensions divisible by 16 except the first
@@ -94,4 +133,4 @@ def convert_model_to_fp8_ao(model: torch.nn.Module, config: Optional["Float8Line
     if module_filter_func is None:
         first, last = find_first_last_linear_layers(model)
         module_filter_func = partial(filter_linear_layers, layers_to_filter=[first, last])
-    float8.convert_to_float8_training(model, module_filter_fn=module_filter_func, config=config)
+    return float8.convert_to_float8_training(model, module_filter_fn=module_filter_func, config=config)

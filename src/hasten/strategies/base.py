@@ -26,6 +26,7 @@ from torch import nn
 
 from ..checkpointing.checkpoint_io import FullStateCheckpointIO
 from ..config.enums import DistributedType
+from ..config.fp8 import AORecipeKwargs
 from ..config.kwargs import AutocastKwargs, GradScalerKwargs
 from ..core.modules import extract_model_from_parallel
 from .deepspeed.checkpoint_reader import DeepSpeedCheckpointFormat
@@ -71,7 +72,8 @@ class Strategy:
 
         return autocast_precision(self.settings.mixed_precision, self.state.device,
                                   scaler_kwargs=self.handlers.get(GradScalerKwargs),
-                                  autocast_kwargs=self.handlers.get(AutocastKwargs))
+                                  autocast_kwargs=self.handlers.get(AutocastKwargs),
+                                  fp8_recipe=self.handlers.get(AORecipeKwargs))
 
     @property
     def layout(self):
@@ -149,7 +151,10 @@ class Strategy:
         """
         prepared = []
         for model, place in zip(models, device_placement):
-            model = self.prepare_model(self.precision.wrap_forward(model), place, evaluation_mode)
+            before = dict(model.named_parameters())
+            converted = self.precision.wrap_forward(model)
+            follow_replaced_parameters(optimizers, before, dict(converted.named_parameters()))
+            model = self.prepare_model(converted, place, evaluation_mode)
             prepared.append(compile_model(model) if compile_model is not None else model)
         return prepared, [self.prepare_optimizer(o) for o in optimizers]
 
@@ -248,7 +253,7 @@ class Strategy:
     def model_state_dict(self, model: nn.Module, full: bool = True) -> dict:
         """The model's state dict, keyed as the user's module. ``full``: plain, unsharded tensors, complete on
         the main process (a sharded backend gathers them with CPU offload and may return ``{}`` elsewhere)."""
-        return self.unwrap(model).state_dict()
+        return self.precision.plain_state_dict(self.unwrap(model).state_dict())
 
     def load_model_state_dict(self, model: nn.Module, state_dict: dict, strict: bool = True):
         return self.unwrap(model).load_state_dict(state_dict, strict=strict)
@@ -256,7 +261,7 @@ class Strategy:
     def expected_state_dict(self, model: nn.Module, keep_vars: bool = False) -> dict:
         """The names of the model's full state dict, each with a tensor of its full shape (nothing gathered):
         what a loaded state dict is checked against. Tied names share one tensor."""
-        return self.unwrap(model).state_dict(keep_vars=keep_vars)
+        return self.precision.plain_state_dict(self.unwrap(model).state_dict(keep_vars=keep_vars))
 
     def optimizer_state_dict(self, model: Optional[nn.Module], optimizer) -> dict:
         """``optimizer``'s state dict; ``model``: the prepared model it trains (sharded backends need it)."""
@@ -320,3 +325,20 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.state.device}, processes={self.state.num_processes})"
+
+
+def follow_replaced_parameters(optimizers: Sequence, before: dict, after: dict) -> None:
+    """Point ``optimizers`` at the parameters that replaced others of the same name (``before`` / ``after``: a
+    model's ``named_parameters()`` around a precision's conversion; torchao's fp8 layers wrap their weight in a new
+    Parameter), so that they step the parameters the model trains. State already held moves with its parameter."""
+    replaced = {id(old): after[name] for name, old in before.items() if name in after and after[name] is not old}
+    if not replaced:
+        return
+    for optimizer in optimizers:
+        inner = getattr(optimizer, "optimizer", optimizer)
+        for group in inner.param_groups:
+            group["params"] = [replaced.get(id(param), param) for param in group["params"]]
+        for old_id, new in replaced.items():
+            old = next((param for param in list(inner.state) if id(param) == old_id), None)
+            if old is not None:
+                inner.state[new] = inner.state.pop(old)

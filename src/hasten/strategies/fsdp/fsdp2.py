@@ -56,12 +56,14 @@ class FSDP2Strategy(Strategy):
         gradients are unscaled by a scaler that checks every rank's shard for overflow."""
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+        from ...config.fp8 import AORecipeKwargs
         from ...config.kwargs import AutocastKwargs, GradScalerKwargs
         from ...precision import autocast_precision
 
         return autocast_precision(self.settings.mixed_precision, self.state.device,
                                   scaler_kwargs=self.handlers.get(GradScalerKwargs),
-                                  autocast_kwargs=self.handlers.get(AutocastKwargs), scaler_class=ShardedGradScaler)
+                                  autocast_kwargs=self.handlers.get(AutocastKwargs), scaler_class=ShardedGradScaler,
+                                  fp8_recipe=self.handlers.get(AORecipeKwargs))
 
     def setup(self) -> None:
         if self.state.num_processes == 1:  # debugging FSDP on one device: torch shards over a world of one
