@@ -4,7 +4,10 @@
 1. DDP: three steps end at the parameters of the same fp8 training done by hand on one process (torchao's
    conversion, bf16 autocast, both processes seeing the same batch), and ``save_state`` / ``load_state`` bring the
    weights back after they were zeroed (torchao keeps the fp8 layers' weights in a wrapper tensor);
-2. FSDP2 (fp8 all-gather of the sharded weights): it trains, and the checkpoint brings the weights back.
+2. FSDP2 (fp8 all-gather of the sharded weights): it trains, and the checkpoint brings the weights back;
+3. DeepSpeed ZeRO-2 and ZeRO-3: the fp8 layers are converted before the engine (with plain weights, which the
+   engine flattens), the run ends at the parameters of a bf16 DeepSpeed run on a model converted by hand, and
+   the checkpoint brings the weights back.
 """
 import sys
 from pathlib import Path
@@ -14,7 +17,7 @@ from torch import nn
 
 from hasten import Accelerator
 from hasten.state import AcceleratorState
-from hasten.utils import FullyShardedDataParallelPlugin
+from hasten.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
 
 def mlp():
@@ -44,12 +47,14 @@ def by_hand(steps: int) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def train(accelerator, steps: int):
-    model = mlp()
+def train(accelerator, steps: int, model=None):
+    model = mlp() if model is None else model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = accelerator.prepare(model, optimizer)
     assert type(accelerator.unwrap_model(model)[1]).__name__ == "Float8Linear"
     x, y = batch()
+    if accelerator.state.deepspeed_plugin is not None:  # each process its half of the batch, as a loader gives
+        x, y = x[accelerator.process_index::2], y[accelerator.process_index::2]
     losses = []
     for _ in range(steps):
         loss = nn.functional.mse_loss(model(x), y)
@@ -89,6 +94,28 @@ def main(work: Path) -> None:
         losses, ddp_losses)
     check_restore(accelerator, model, work / "fsdp2")
     accelerator.print("ok: fp8 under FSDP2 trains and resumes")
+
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    for stage in (2, 3):
+        results = {}
+        for precision in ("bf16", "fp8"):
+            AcceleratorState._reset_state(True)
+            accelerator = Accelerator(mixed_precision=precision, deepspeed_plugin=DeepSpeedPlugin(
+                zero_stage=stage, gradient_accumulation_steps=1))
+            accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 4
+            model = mlp()
+            if precision == "bf16":  # by hand: the middle layer converted with plain weights
+                model = convert_to_float8_training(model, config=Float8LinearConfig(pad_inner_dim=True),
+                                                   module_filter_fn=lambda module, fqn: fqn == "1")
+            model, _ = train(accelerator, 3, model)
+            results[precision] = {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
+        assert accelerator.fp8_backend.value == "AO"
+        if accelerator.is_main_process:
+            for key, value in results["bf16"].items():
+                assert torch.equal(results["fp8"][key], value), (stage, key)
+        check_restore(accelerator, model, work / f"zero{stage}")
+        accelerator.print(f"ok: fp8 under ZeRO-{stage} equals the layers converted by hand, and resumes")
 
 
 if __name__ == "__main__":

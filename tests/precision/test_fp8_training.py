@@ -78,11 +78,15 @@ def test_fp8_trains_on_the_cpu_with_the_middle_layers_in_fp8():
         assert torch.equal(got[key], expected[key]), key
 
 
-def test_fp8_runs_on_two_processes_under_ddp_and_fsdp2(tmp_path):
-    """DDP equals one process by hand; FSDP2 (fp8 all-gather) trains; both resume from their checkpoints."""
-    result = run_launch("check_fp8_processes.py", tmp_path, num_processes=2, timeout=400)
+@pytest.mark.deepspeed
+def test_fp8_runs_on_two_processes_under_ddp_fsdp2_and_deepspeed(tmp_path):
+    """DDP equals one process by hand; FSDP2 (fp8 all-gather) trains; DeepSpeed ZeRO-2 / ZeRO-3 equal a bf16 engine
+    on the layers converted by hand; each resumes from its checkpoint."""
+    result = run_launch("check_fp8_processes.py", tmp_path, num_processes=2, timeout=500)
     assert "fp8 under DDP equals one process by hand" in result.stdout
     assert "fp8 under FSDP2 trains and resumes" in result.stdout
+    for stage in (2, 3):
+        assert f"fp8 under ZeRO-{stage} equals the layers converted by hand, and resumes" in result.stdout
 
 
 def test_the_recipes_filter_and_config_are_the_ones_used():

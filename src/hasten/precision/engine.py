@@ -41,16 +41,32 @@ class _CastInputsForward:
 
 class EnginePrecision(Precision):
     """Mixed precision under DeepSpeed: the engine holds 16-bit weights with fp32 master copies and scales fp16
-    losses itself, so there is no autocast and no scaler here; only inputs are cast to the weights' dtype."""
+    losses itself, so there is no autocast and no scaler here; only inputs are cast to the weights' dtype.
 
-    def __init__(self, mode: str):
+    ``"fp8"``: a bf16 engine whose linear layers (those the run's ``AORecipeKwargs`` chooses, ``fp8.py``) are
+    torchao's ``Float8Linear``, converted before the engine is built, with plain weights the engine can flatten.
+    ``device`` and ``fp8_recipe`` are read for fp8 only.
+    """
+
+    def __init__(self, mode: str, device=None, fp8_recipe=None):
         self.mode = mode
         self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(mode)
+        self.recipe = None
+        if mode == "fp8":
+            from ..config.fp8 import FP8BackendType
+            from .fp8 import fp8_recipe as checked_recipe
+
+            self.recipe = checked_recipe(device if device is not None else torch.device("cpu"), fp8_recipe)
+            self.fp8_backend = FP8BackendType.AO
 
     def autocast(self, autocast_handler=None):
         return contextlib.nullcontext()
 
     def wrap_forward(self, model: nn.Module) -> nn.Module:
+        if self.recipe is not None:
+            from .fp8 import convert_with_recipe
+
+            model = convert_with_recipe(model, self.recipe, fsdp_all_gather=False)
         if self.dtype is None or isinstance(model.__dict__.get("forward"), _CastInputsForward):
             return model
         model._original_forward = model.forward

@@ -19,7 +19,7 @@ from .autocast import MixedPrecision
 if TYPE_CHECKING:
     from torchao.float8 import Float8LinearConfig
 
-__all__ = ["Float8Precision", "find_first_last_linear_layers", "filter_linear_layers",
+__all__ = ["Float8Precision", "fp8_recipe", "convert_with_recipe", "find_first_last_linear_layers", "filter_linear_layers",
            "filter_first_and_last_linear_layers", "has_ao_layers", "convert_model_to_fp8_ao"]
 
 
@@ -40,37 +40,55 @@ class Float8Precision(MixedPrecision):
 
     def __init__(self, device: torch.device, scaler_kwargs=None, autocast_kwargs=None, scaler_class=None,
                  recipe=None):
-        if not is_torchao_available():
-            raise ImportError("mixed_precision='fp8' trains through torchao, which is not installed: pip install "
-                              "'hasten[fp8]' (or use mixed_precision='bf16').")
-        if device.type != "cpu" and (device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)):
-            raise RuntimeError(f"mixed_precision='fp8' needs a GPU with fp8 support (compute capability 8.9 or newer, "
-                               f"e.g. H100/L40/RTX 4090) or the CPU; this run computes on {device}. Use "
-                               "mixed_precision='bf16'.")
+        self.recipe = fp8_recipe(device, recipe)
         super().__init__("fp8", device, scaler_kwargs, autocast_kwargs, scaler_class)
-        if recipe is None:
-            from ..config.fp8 import AORecipeKwargs
-
-            recipe = AORecipeKwargs()
-        if recipe.config is None:
-            from torchao.float8 import Float8LinearConfig
-
-            recipe.config = Float8LinearConfig(pad_inner_dim=recipe.pad_inner_dim,
-                                               enable_fsdp_float8_all_gather=recipe.enable_fsdp_float8_all_gather)
-        self.recipe = recipe
 
     def wrap_forward(self, model):
         """Convert the chosen linear layers to fp8 (once: a model that already holds them is left as it is), then
         run the forward under bf16 autocast."""
-        if not has_ao_layers(model):
-            model = convert_model_to_fp8_ao(model, config=self.recipe.config,
-                                            module_filter_func=self.recipe.module_filter_func)
-        return super().wrap_forward(model)
+        return super().wrap_forward(convert_with_recipe(model, self.recipe))
 
     def plain_state_dict(self, state: dict) -> dict:
         """With ``enable_fsdp_float8_all_gather`` torchao keeps each fp8 layer's weight in a wrapper tensor (its
         data is the one inner tensor): the state dict holds that plain tensor, which files and other runs take."""
         return {key: _inner_tensor(value) for key, value in state.items()}
+
+
+def fp8_recipe(device: torch.device, recipe=None):
+    """The run's ``AORecipeKwargs`` (a default one when None) with its ``config`` built, after checking that fp8
+    can train here: torchao installed, and the CPU or a GPU of compute capability 8.9 or newer."""
+    if not is_torchao_available():
+        raise ImportError("mixed_precision='fp8' trains through torchao, which is not installed: pip install "
+                          "'hasten[fp8]' (or use mixed_precision='bf16').")
+    if device.type != "cpu" and (device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)):
+        raise RuntimeError(f"mixed_precision='fp8' needs a GPU with fp8 support (compute capability 8.9 or newer, "
+                           f"e.g. H100/L40/RTX 4090) or the CPU; this run computes on {device}. Use "
+                           "mixed_precision='bf16'.")
+    if recipe is None:
+        from ..config.fp8 import AORecipeKwargs
+
+        recipe = AORecipeKwargs()
+    if recipe.config is None:
+        from torchao.float8 import Float8LinearConfig
+
+        recipe.config = Float8LinearConfig(pad_inner_dim=recipe.pad_inner_dim,
+                                           enable_fsdp_float8_all_gather=recipe.enable_fsdp_float8_all_gather)
+    return recipe
+
+
+def convert_with_recipe(model, recipe, fsdp_all_gather: bool = True):
+    """``model`` with the layers ``recipe`` chooses converted to fp8; a model holding fp8 layers already is returned
+    as it is. ``fsdp_all_gather=False`` (an engine that flattens parameters itself, DeepSpeed): the weights stay
+    plain tensors whatever the config's ``enable_fsdp_float8_all_gather``, an FSDP2 feature the engine cannot
+    move."""
+    if has_ao_layers(model):
+        return model
+    config = recipe.config
+    if not fsdp_all_gather and config.enable_fsdp_float8_all_gather:
+        import dataclasses
+
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=False)
+    return convert_model_to_fp8_ao(model, config=config, module_filter_func=recipe.module_filter_func)
 
 
 def _inner_tensor(value):

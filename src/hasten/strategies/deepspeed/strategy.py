@@ -102,7 +102,10 @@ class DeepSpeedStrategy(Strategy):
 
     # ------------------------------------------------------------ precision and set-up
     def create_precision(self):
-        return EnginePrecision(self.settings.mixed_precision)
+        from ...config.fp8 import AORecipeKwargs
+
+        return EnginePrecision(self.settings.mixed_precision, self.state.device,
+                               fp8_recipe=self.handlers.get(AORecipeKwargs))
 
     def setup(self) -> None:
         deepspeed = require_deepspeed()
