@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fp8_by_hand import train_by_hand
 from hasten import Accelerator
 from hasten.state import AcceleratorState
 from hasten.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
@@ -31,19 +32,7 @@ def batch():
 
 
 def by_hand(steps: int) -> dict:
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    model = mlp()
-    model = convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True),
-                                       module_filter_fn=lambda module, fqn: fqn == "1")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = batch()
-    for _ in range(steps):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(x)
-        nn.functional.mse_loss(out.float(), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    model = train_by_hand(mlp(), ("1",), steps, *batch())
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -10,6 +10,7 @@ from hasten.config.fp8 import AORecipeKwargs, FP8BackendType, MSAMPRecipeKwargs,
 from hasten.core.planned import NotYetSupportedError
 from hasten.state import AcceleratorState, PartialState
 
+from fp8_by_hand import train_by_hand
 from helpers import run_launch
 
 float8 = pytest.importorskip("torchao.float8")  # the fp8 extra, installed by make test
@@ -35,22 +36,6 @@ def _kinds(model):
     return [type(m).__name__ for m in model if not isinstance(m, nn.ReLU)]
 
 
-def _by_hand(steps, x, y):
-    """The same training done with torchao and torch alone: the middle layers converted (with the fp8 all-gather
-    weights the default recipe asks for), bf16 autocast, SGD."""
-    model = float8.convert_to_float8_training(
-        _mlp(), config=float8.Float8LinearConfig(enable_fsdp_float8_all_gather=True, pad_inner_dim=True),
-        module_filter_fn=lambda module, fqn: fqn in ("2", "4"))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(steps):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(x)
-        nn.functional.mse_loss(out.float(), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return model
-
-
 def test_fp8_trains_on_the_cpu_with_the_middle_layers_in_fp8():
     accelerator = Accelerator(mixed_precision="fp8")
     assert accelerator.fp8_backend == FP8BackendType.AO and accelerator.mixed_precision == "fp8"
@@ -70,7 +55,7 @@ def test_fp8_trains_on_the_cpu_with_the_middle_layers_in_fp8():
         optimizer.step()
         optimizer.zero_grad()
     # the same numbers as torchao and torch by hand, exactly
-    expected = _by_hand(5, x, y).state_dict()
+    expected = train_by_hand(_mlp(), ("2", "4"), 5, x, y).state_dict()
     got = accelerator.get_state_dict(model)
     assert set(got) == set(expected)
     for key in expected:
