@@ -377,3 +377,19 @@ def test_a_multi_cpu_machine_is_offered_every_backend(tmp_path, monkeypatch, scr
     config_path, settings = load_launch_config(path)
     env = plan_for(["--config_file", config_path, script], settings, config_path).env
     assert env["HASTEN_USE_FSDP"] == "true" and env["HASTEN_FSDP_VERSION"] == "2"
+
+
+def test_fp8_answers_become_the_torchao_options_of_the_launch(tmp_path, monkeypatch, script, no_launch,  # noqa: F811
+                                                              capsys):
+    from hasten.commands.launch import load_launch_config
+
+    # one process, on the CPU only, no compile, fp8 (the 4th precision); FSDP2 fp8 all-gather: no; padding: default
+    path = _answered(monkeypatch, tmp_path, "0", "yes", "", "3", "n", "")
+    assert "torchao" in capsys.readouterr().out
+    written = yaml.safe_load(open(path).read())
+    assert written["mixed_precision"] == "fp8"
+    assert written["fp8_config"] == {"backend": "AO", "enable_fsdp_float8_all_gather": False, "pad_inner_dim": True}
+    config_path, settings = load_launch_config(path)
+    env = plan_for(["--config_file", config_path, script], settings, config_path).env
+    assert (env["HASTEN_MIXED_PRECISION"], env["HASTEN_FP8_BACKEND"], env["HASTEN_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER"],
+            env["HASTEN_FP8_PAD_INNER_DIM"]) == ("fp8", "AO", "false", "true")

@@ -12,6 +12,7 @@ from .config_args import ClusterConfig
 from .questionnaire_compile import ask_dynamo
 from .questionnaire_deepspeed import ask_deepspeed
 from .questionnaire_fsdp import ask_fsdp
+from .questionnaire_fp8 import ask_fp8
 from .questionnaire_machines import ask_machines, ask_num_processes
 from .questionnaire_megatron import ask_megatron
 from .questionnaire_parallelism import ask_fsdp_parallelism, ask_model_parallel
@@ -97,5 +98,7 @@ def get_cluster_input() -> ClusterConfig:
         print("  Mixed precision is set in the DeepSpeed config file (its fp16 / bf16 sections).")
     else:
         config["mixed_precision"] = ask_choice("Do you wish to use mixed precision?", _PRECISIONS)
+        if config["mixed_precision"] == "fp8":
+            config["fp8_config"] = ask_fp8()
     config.setdefault("mixed_precision", None)
     return ClusterConfig(**config)
