@@ -11,18 +11,17 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+from ..config.fp8 import PLANNED_FP8_LIBRARIES, fp8_library_not_yet_supported
 from ..core.env_vars import env_name
-from ..core.planned import not_yet_supported
 from .errors import CommandError
 from .launch_defaults import given_flags
-from .launch_options import backend_not_yet_supported
+from .launch_options import backend_not_yet_supported, env_text
 
 __all__ = ["TORCHAO_OPTIONS", "fp8_options", "fp8_env"]
 
 #: the options torchao's fp8 training reads (``AORecipeKwargs`` and the library choice)
 TORCHAO_OPTIONS = ("fp8_backend", "fp8_pad_inner_dim", "fp8_enable_fsdp_float8_all_gather")
-_BACKENDS = ("AO", "TE", "MSAMP", "NO")
-_LIBRARIES = {"TE": "TransformerEngine", "MSAMP": "MS-AMP"}
+_BACKENDS = ("AO", "NO", *PLANNED_FP8_LIBRARIES)
 
 
 def fp8_options(args, config: Optional[Mapping] = None) -> dict:
@@ -46,18 +45,13 @@ def fp8_env(args, config: Optional[Mapping] = None) -> dict:
     if backend not in _BACKENDS:
         raise CommandError(f"fp8 backend {options['fp8_backend']!r} (--fp8_backend / fp8_config's backend): "
                            "choose one of ao, te, msamp.")
-    if backend in _LIBRARIES:
-        raise not_yet_supported(f"fp8 training with {_LIBRARIES[backend]} (fp8 backend {backend})",
-                                "use --mixed_precision fp8 with the torchao backend (--fp8_backend ao, the "
-                                "default), or bf16")
+    if backend in PLANNED_FP8_LIBRARIES:
+        raise fp8_library_not_yet_supported(backend, "use --mixed_precision fp8 with the torchao backend "
+                                            "(--fp8_backend ao, the default), or bf16", f" (fp8 backend {backend})")
     recipe_only = sorted(name for name in options if name not in TORCHAO_OPTIONS)
     if recipe_only:
         raise backend_not_yet_supported("FP8", ["--" + name for name in recipe_only])
-    env = {}
-    for name in TORCHAO_OPTIONS:
-        if name in options:
-            value = options[name]
-            env[env_name(name)] = str(value).lower() if isinstance(value, bool) else str(value).strip()
+    env = {env_name(name): env_text(options[name]) for name in TORCHAO_OPTIONS if name in options}
     if "fp8_backend" in options:
         env[env_name("fp8_backend")] = backend
     return env

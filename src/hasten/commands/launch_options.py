@@ -19,7 +19,7 @@ from ..core.planned import NotYetSupportedError, not_yet_supported
 from .errors import CommandError
 
 __all__ = ["Option", "BackendGroup", "BACKEND_GROUPS", "add_backend_options", "given_backend_options", "section_env",
-           "backend_not_yet_supported", "backend_env"]
+           "backend_not_yet_supported", "backend_env", "env_text"]
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,8 @@ def backend_not_yet_supported(title: str, flags=()) -> NotYetSupportedError:
                              f"{group.meanwhile}; drop {'this flag' if len(flags) == 1 else 'these flags'}")
 
 
-def _env_text(value) -> str:
+def env_text(value) -> str:
+    """A flag or config value as an environment variable holds it (``true`` / ``false``, lists comma-separated)."""
     if isinstance(value, bool):
         return str(value).lower()
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
@@ -243,7 +244,7 @@ def section_env(group_title: str, section: Optional[Mapping]) -> dict:
         if key not in known:
             raise CommandError(f"The config file's {group.env_prefix}config has an unknown key {key!r}; the known "
                                f"keys are {', '.join(sorted(known))}.")
-        env[env_name(_SETTING_NAMES.get(key, key))] = _env_text(value)
+        env[env_name(_SETTING_NAMES.get(key, key))] = env_text(value)
     return env
 
 
@@ -260,5 +261,5 @@ def backend_env(args) -> dict:
             dest = _dest(option)
             switch = index == 0 and dest.startswith("use_")  # --use_fsdp -> HASTEN_USE_FSDP
             setting = dest if switch or dest.startswith(group.env_prefix) else group.env_prefix + dest
-            env[env_name(_SETTING_NAMES.get(setting, setting))] = _env_text(value)
+            env[env_name(_SETTING_NAMES.get(setting, setting))] = env_text(value)
     return env

@@ -557,7 +557,7 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
         find_free_port = find_free_port or network.find_free_port
         is_port_in_use = is_port_in_use or network.is_port_in_use
     check_backend_flags(args)
-    fp8_env(args, config)  # another library's fp8 recipe stops the launch here, before anything starts
+    fp8 = fp8_env(args, config)  # another library's fp8 recipe stops the launch here, before anything starts
     values, sources, notes = resolve_settings(args, config, config_path)
     strategy = chosen_strategy(args, config, config_path, notes)
     try:
@@ -594,7 +594,7 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
     env = worker_env(values, sources, config, config_path, environ,
                      usable_cpu_count() if cpu_count is None else cpu_count, per_machine, strategy)
     env.update(backend_env(args))
-    env.update(fp8_env(args, config))
+    env.update(fp8)
     env.update(deepspeed.env)
     env.update(parallel_env)
     if getattr(args, "as_accelerate", False):  # the workers' `import accelerate` is hasten (as_accelerate/)

@@ -16,7 +16,7 @@ from .accumulation import GradientAccumulationPlugin
 from .booleans import parse_bool
 from .dynamo import TorchDynamoPlugin
 from .enums import PrecisionType, RNGType
-from .fp8 import fp8_recipe_backend
+from .fp8 import check_fp8_recipe
 from .kwargs import KwargsHandler
 from .project import ProjectConfiguration
 from .resolution import resolve
@@ -140,7 +140,7 @@ def resolve_accelerator_settings(*, mixed_precision=None, cpu=False, gradient_ac
     handlers = _handlers_by_type(kwargs_handlers)
 
     precision = resolve_mixed_precision(mixed_precision, "Accelerator(mixed_precision=...)", config, config_path)
-    fp8_recipe_backend(precision, handlers)  # a recipe without fp8, or of a library hasten does not run yet
+    check_fp8_recipe(precision, handlers)  # a recipe without fp8, or of a library hasten does not run yet
 
     if gradient_accumulation_plugin is not None:
         if gradient_accumulation_steps != 1:

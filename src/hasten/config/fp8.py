@@ -3,7 +3,7 @@
 The recipe objects are real and validate their options, so scripts that build them keep working.
 ``mixed_precision="fp8"`` trains through torchao (``precision/fp8.py``), with the ``AORecipeKwargs`` given (its
 ``config`` and ``module_filter_func``) or a default one; TransformerEngine and MS-AMP recipes are planned, and
-``fp8_recipe_backend`` refuses them by name rather than train another way. Unset fields come from the launcher's
+``check_fp8_recipe`` refuses them by name rather than train another way. Unset fields come from the launcher's
 environment (``HASTEN_FP8_<OPTION>``, or Accelerate's ``ACCELERATE_FP8_<OPTION>``), then the defaults below.
 Nothing here imports transformer_engine, msamp or torchao.
 """
@@ -20,7 +20,8 @@ from .kwargs import KwargsHandler
 
 __all__ = [
     "Backend", "OptLevel", "FP8Format", "AmaxComputeAlgorithm", "FP8BackendType", "AORecipeKwargs",
-    "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs", "fp8_recipe_backend",
+    "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs", "check_fp8_recipe", "PLANNED_FP8_LIBRARIES",
+    "fp8_library_not_yet_supported",
 ]
 
 Backend = Literal["MSAMP", "TE"]
@@ -153,10 +154,19 @@ class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
 
 
 _RECIPES = {AORecipeKwargs: "AO", TERecipeKwargs: "TE", MSAMPRecipeKwargs: "MSAMP"}
+#: the fp8 backends hasten does not train with yet, and their libraries' names
+PLANNED_FP8_LIBRARIES = {"TE": "TransformerEngine", "MSAMP": "MS-AMP"}
 
 
-def fp8_recipe_backend(mixed_precision: str, handlers: dict) -> Optional[str]:
-    """The fp8 library the run's recipe names ("AO"), None without fp8; checked before anything is built.
+def fp8_library_not_yet_supported(backend: str, meanwhile: str, detail: str = ""):
+    """The ``NotYetSupportedError`` for fp8 ``backend`` ("TE" / "MSAMP"), ``detail`` after the library's name."""
+    from ..core.planned import not_yet_supported
+
+    return not_yet_supported(f"fp8 training with {PLANNED_FP8_LIBRARIES[backend]}{detail}", meanwhile)
+
+
+def check_fp8_recipe(mixed_precision: str, handlers: dict) -> None:
+    """Refuse, before anything is built, an fp8 recipe the run cannot train with.
 
     ``handlers``: the Accelerator's kwargs handlers by type. A recipe without ``mixed_precision="fp8"`` is a
     ValueError (the reference's phrase), as is more than one recipe. A TransformerEngine or MS-AMP recipe (or
@@ -164,7 +174,6 @@ def fp8_recipe_backend(mixed_precision: str, handlers: dict) -> Optional[str]:
     train fp8 another way than the one asked for.
     """
     from ..core.env_aliases import get_setting
-    from ..core.planned import not_yet_supported
 
     recipes = [handler for kind, handler in handlers.items() if issubclass(kind, tuple(_RECIPES))]
     if recipes and mixed_precision != "fp8":
@@ -174,7 +183,7 @@ def fp8_recipe_backend(mixed_precision: str, handlers: dict) -> Optional[str]:
         raise ValueError("kwargs_handlers holds more than one fp8 recipe (" + ", ".join(
             type(r).__name__ for r in recipes) + "): give the one of the library that should train.")
     if mixed_precision != "fp8":
-        return None
+        return
     if recipes:
         recipe = recipes[0]
         backend = recipe.backend if isinstance(recipe, FP8RecipeKwargs) else next(
@@ -185,8 +194,6 @@ def fp8_recipe_backend(mixed_precision: str, handlers: dict) -> Optional[str]:
         if backend not in ("AO", "TE", "MSAMP"):
             raise ValueError(f"HASTEN_FP8_BACKEND / ACCELERATE_FP8_BACKEND={backend!r}: choose one of 'AO', "
                              "'TE', 'MSAMP'.")
-    if backend != "AO":
-        library = {"TE": "TransformerEngine", "MSAMP": "MS-AMP"}[backend]
-        raise not_yet_supported(f"fp8 training with {library}", "train in fp8 through torchao (AORecipeKwargs, the "
-                                "default of mixed_precision='fp8'), or in bf16")
-    return backend
+    if backend in PLANNED_FP8_LIBRARIES:
+        raise fp8_library_not_yet_supported(backend, "train in fp8 through torchao (AORecipeKwargs, the default of "
+                                            "mixed_precision='fp8'), or in bf16")

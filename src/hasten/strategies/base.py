@@ -338,7 +338,5 @@ def follow_replaced_parameters(optimizers: Sequence, before: dict, after: dict) 
         inner = getattr(optimizer, "optimizer", optimizer)
         for group in inner.param_groups:
             group["params"] = [replaced.get(id(param), param) for param in group["params"]]
-        for old_id, new in replaced.items():
-            old = next((param for param in list(inner.state) if id(param) == old_id), None)
-            if old is not None:
-                inner.state[new] = inner.state.pop(old)
+        for old in [param for param in inner.state if id(param) in replaced]:
+            inner.state[replaced[id(old)]] = inner.state.pop(old)
