@@ -166,6 +166,7 @@ class Accelerator:
         self._accumulator = GradientAccumulator(self.gradient_state, self.strategy, self.num_processes == 1)
         self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
         self._custom_objects = []
+        self._engine_wrapper = None  # deepspeed_engine_wrapped, made on first use
         # save_state / load_state hooks by RemovableHandle id (an OrderedDict: handles keep a weak reference)
         self._save_model_state_pre_hook = collections.OrderedDict()
         self._load_model_state_pre_hook = collections.OrderedDict()
@@ -448,6 +449,22 @@ class Accelerator:
             raise AttributeError("'Accelerator' object has no attribute 'deepspeed_config': it exists after "
                                  "prepare() built a DeepSpeed engine.")
         return config
+
+    @property
+    def deepspeed_engine_wrapped(self):
+        """The first DeepSpeed engine this Accelerator prepared, in a ``DeepSpeedEngineWrapper`` (its ``engine``;
+        ``backward(loss, sync_gradients)`` runs the engine's backward and, at a boundary, its step), as the
+        reference keeps it; None before ``prepare`` built an engine, and under the other backends. The same
+        wrapper each time; assigning one (or None) replaces it."""
+        if self._engine_wrapper is None:
+            engine = self.strategy.first_engine(self._models)
+            if engine is not None:
+                self._engine_wrapper = DeepSpeedEngineWrapper(engine)
+        return self._engine_wrapper
+
+    @deepspeed_engine_wrapped.setter
+    def deepspeed_engine_wrapped(self, wrapper) -> None:
+        self._engine_wrapper = wrapper
 
     def _is_prepared(self, obj) -> bool:
         return (isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler)) or obj in self._prepared

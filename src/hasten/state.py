@@ -155,9 +155,16 @@ def launched_backend_type(launched: bool, process_kind: DistributedType) -> Dist
     ``TrainingArguments(deepspeed=...)``, which sets ``ACCELERATE_USE_DEEPSPEED=true`` before it makes its state), as
     the reference's PartialState says; else ``process_kind`` (NO, MULTI_CPU, MULTI_GPU, ...). ``launched``: more
     than one process, or ``LOCAL_RANK`` set. The other backends show only in the AcceleratorState, once the
-    Accelerator builds them, as in the reference. DeepSpeed's own communication layer is set up by the strategy
-    (or by ``deepspeed.zero.Init``, which does it itself), on the process group made here."""
+    Accelerator builds them, as in the reference. For DeepSpeed, DeepSpeed's own communication layer is joined to
+    the process group here, as the reference's state does: transformers builds ``deepspeed.zero.Init`` from the
+    config before any Accelerator, and that config counts the processes through it (a world of one otherwise, so
+    its batch sizes do not multiply out)."""
     if launched and get_flag_setting("use_deepspeed"):
+        if dist.is_available() and dist.is_initialized():
+            from .core.imports import require_deepspeed
+
+            require_deepspeed().init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False,
+                                                 verbose=False)
         return DistributedType.DEEPSPEED
     return process_kind
 

@@ -179,6 +179,28 @@ def test_a_flag_wins_over_the_same_setting_inherited_from_the_shell_under_anothe
                for note in plan.notes), plan.notes
 
 
+@pytest.mark.parametrize("flags, chosen, inherited", [
+    (["--use_deepspeed", "--zero_stage", "2"], "DEEPSPEED", {"ACCELERATE_USE_FSDP": "true", "HASTEN_USE_MEGATRON_LM": "1"}),
+    (["--use_fsdp"], "FSDP", {"ACCELERATE_USE_DEEPSPEED": "true"}),
+])
+def test_the_backend_a_launch_chooses_turns_off_other_backends_inherited_from_the_shell(script, flags, chosen,
+                                                                                        inherited):
+    """A test suite that ran an FSDP test in-process leaves ACCELERATE_USE_FSDP=true, then launches --use_deepspeed:
+    the workers see only DeepSpeed's switch on (the launch's backend wins), and the launcher says what it turned
+    off. A launch that chooses no backend leaves the inherited switches as they are."""
+    args = launch_command_parser().parse_args([*flags, "--num_processes", "2", script])
+    environ = {**inherited, "ACCELERATE_USE_CPU": "true"}
+    plan = build_plan(args, environ=environ, cpu_count=8, count_accelerators=lambda: 0, find_free_port=lambda: 41234,
+                      is_port_in_use=lambda port, host: False)
+    for name in inherited:
+        assert plan.env[name] == "false"
+        assert any(f"trains with {chosen}; {name}=" in note and "set to false" in note for note in plan.notes)
+    plain = build_plan(launch_command_parser().parse_args(["--num_processes", "2", script]), environ=environ,
+                       cpu_count=8, count_accelerators=lambda: 0, find_free_port=lambda: 41234,
+                       is_port_in_use=lambda port, host: False)
+    assert not set(inherited) & set(plain.env)
+
+
 def test_an_inherited_alias_that_agrees_with_the_launch_is_left_alone(script):
     args = launch_command_parser().parse_args(["--mixed_precision", "bf16", script])
     plan = build_plan(args, environ={"ACCELERATE_MIXED_PRECISION": "bf16"}, cpu_count=8,

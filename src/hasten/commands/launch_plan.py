@@ -512,6 +512,27 @@ def launch_values_win(env: Mapping, environ: Mapping, notes: list) -> dict:
     return follow
 
 
+def other_backends_off(strategy: str, environ: Mapping, notes: list) -> dict:
+    """The switches of the backends this launch did not choose (``HASTEN_USE_FSDP``, ``ACCELERATE_USE_DEEPSPEED``
+    ...) that the parent environment turns on, set to ``false`` for the workers: the launch's own backend wins, as
+    a launch flag wins over any inherited variable (a test suite that ran an FSDP test in-process, then launches
+    ``--use_deepspeed``, would otherwise start workers that see both). One note per switch."""
+    from ..core.env_aliases import setting_variables
+
+    if strategy not in STRATEGY_ENV:
+        return {}
+    off = {}
+    for kind, switch in STRATEGY_ENV.items():
+        if kind == strategy:
+            continue
+        for name in setting_variables(switch):
+            if str(environ.get(name, "")).strip().lower() in ("1", "true", "yes"):
+                off[name] = "false"
+                notes.append(f"hasten launch: this launch trains with {strategy}; {name}={environ[name]!r} "
+                             "inherited from the environment is set to false for the workers.")
+    return off
+
+
 def torchrun_arguments(args, values: dict, per_machine: int, port: Optional[int], restartable: Optional[str],
                        rdzv_id: Optional[str] = None) -> list:
     """torchrun's command line: the layout, the rendezvous, then the runner (or executable) and its arguments."""
@@ -600,6 +621,7 @@ def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str
     if getattr(args, "as_accelerate", False):  # the workers' `import accelerate` is hasten (as_accelerate/)
         env["HASTEN_AS_ACCELERATE"] = "1"
     env.update(launch_values_win(env, environ, notes))
+    env.update(other_backends_off(strategy, environ, notes))
     rdzv_id = f"slurm-{layout.job_id}" if layout is not None and layout.job_id else None
     torchrun = torchrun_arguments(args, values, per_machine, port, restartable, rdzv_id)
     runner = None

@@ -274,12 +274,7 @@ class FullyShardedDataParallelPlugin:
         if self.auto_wrap_policy == transformer_auto_wrap_policy:
             if self.transformer_cls_names_to_wrap is None:
                 self.transformer_cls_names_to_wrap = list(getattr(model, "_no_split_modules", None) or [])
-            classes = set()
-            for name in self.transformer_cls_names_to_wrap:
-                layer_class = get_module_class_from_name(model, name)
-                if layer_class is None:
-                    raise ValueError(f"Could not find the transformer layer class {name!r} in the model.")
-                classes.add(layer_class)
+            classes = layer_classes(model, self.transformer_cls_names_to_wrap)
             self.auto_wrap_policy = functools.partial(self.auto_wrap_policy, transformer_layer_cls=classes)
         elif self.auto_wrap_policy == size_based_auto_wrap_policy:
             self.auto_wrap_policy = (functools.partial(self.auto_wrap_policy, min_num_params=self.min_num_params)
@@ -342,3 +337,17 @@ class FullyShardedDataParallelPlugin:
         if not isinstance(self.cpu_offload, expected):
             raise ValueError(f"cpu_offload must be a bool or a torch.distributed.fsdp.{expected.__name__} with "
                              f"fsdp_version={self.fsdp_version}, got {self.cpu_offload!r}.")
+
+
+def layer_classes(model, names) -> set:
+    """The module classes of ``model`` named ``names`` (transformer layers to wrap); a name no module of the model
+    has is refused, in the reference's words, with the class names the model does have."""
+    classes = set()
+    for name in names:
+        layer_class = get_module_class_from_name(model, name)
+        if layer_class is None:
+            present = sorted({type(module).__name__ for module in model.modules()})
+            raise ValueError(f"Could not find the transformer layer class {name} in the model. Its module classes "
+                             f"are: {', '.join(present)}.")
+        classes.add(layer_class)
+    return classes

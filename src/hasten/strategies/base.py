@@ -167,6 +167,10 @@ class Strategy:
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return optimizer
 
+    def first_engine(self, models: Sequence):
+        """The first of ``models`` that is an engine of this backend (DeepSpeed's), else None."""
+        return None
+
     def engine_scheduler_for(self, scheduler, optimizers: Sequence):
         """The prepared scheduler when the backend's engine owns ``scheduler`` (steps it itself), else None."""
         return None

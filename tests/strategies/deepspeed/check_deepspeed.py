@@ -4,8 +4,9 @@ Training numbers against single-process PyTorch, for every ZeRO stage, are the c
 (check_strategy_conformance.py). Here, one Accelerator after another (the state is reset between them):
 
 0. the process state of a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED set, as transformers does) says DEEPSPEED;
-1. "auto" filling from the run (batch sizes, accumulation, the model's hidden size, bf16), and a config's
-   contradictions refused naming both values, before anything is prepared;
+1. "auto" filling from the run (batch sizes, accumulation, the model's hidden size, bf16), written back into the
+   plugin's config; ``deepspeed_engine_wrapped``; a config's contradictions refused naming both values, before
+   anything is prepared;
 2. the accumulation boundary: the engine's and hasten's agree on every micro-batch;
 3. bad input refused before work: two models in one engine, DummyOptim / DummyScheduler against the config,
    clipping that contradicts the config, norm types, async saves;
@@ -106,7 +107,13 @@ def check_auto_filling_and_conflicts() -> None:
                                     deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=auto_config(3)))
     model = Net(16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    assert accelerator.deepspeed_engine_wrapped is None  # before any engine
     engine, prepared_optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data(), batch_size=4))
+    wrapped = accelerator.deepspeed_engine_wrapped
+    assert wrapped.engine is engine and accelerator.deepspeed_engine_wrapped is wrapped
+    plugin_config = accelerator.state.deepspeed_plugin.deepspeed_config  # "auto" replaced there too, as the reference
+    assert plugin_config["train_micro_batch_size_per_gpu"] == 4 and plugin_config["gradient_accumulation_steps"] == 2
+    assert plugin_config["zero_optimization"]["reduce_bucket_size"] == 16 * 16, plugin_config["zero_optimization"]
     assert engine.train_micro_batch_size_per_gpu() == 4
     assert engine.gradient_accumulation_steps() == 2
     assert engine.train_batch_size() == 4 * 2 * accelerator.num_processes
@@ -159,9 +166,11 @@ def check_boundary_and_bad_input(work: Path) -> None:
     loader = DataLoader(data(), batch_size=4)
     expect_error(lambda: accelerator.prepare(model, other, optimizer, loader), "2 models", "deepspeed_plugins")
     assert not accelerator._dataloaders, "a refused prepare() prepared the loader"
-    expect_error(lambda: accelerator.prepare(model, DummyOptim(model.parameters()), loader), "DummyOptim",
+    expect_error(lambda: accelerator.prepare(model, DummyOptim(model.parameters()), loader),  # the reference's words
+                 "You cannot create a `DummyOptim` without specifying an optimizer in the config file.",
                  "'optimizer' section")
-    expect_error(lambda: accelerator.prepare(model, optimizer, DummyScheduler(optimizer), loader), "DummyScheduler",
+    expect_error(lambda: accelerator.prepare(model, optimizer, DummyScheduler(optimizer), loader),
+                 "Either specify a scheduler in the config file or pass in the `lr_scheduler_callable` parameter",
                  "'scheduler' section")
     engine, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     boundaries = []
@@ -203,10 +212,17 @@ def check_config_optimizer_and_scheduler() -> None:
     model = Net()
     optimizer = DummyOptim(model.parameters(), lr=0.01, weight_decay=0.0)
     scheduler = DummyScheduler(optimizer, warmup_num_steps=4)
-    expect_error(lambda: accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1)), "defines an optimizer",
-                 "DummyOptim")
+    expect_error(lambda: accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1)),
+                 "You cannot specify an optimizer in the config file and in the code at the same time", "DummyOptim")
     own = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters(), lr=0.1), step_size=1)
-    expect_error(lambda: accelerator.prepare(model, optimizer, own), "defines a scheduler", "DummyScheduler")
+    expect_error(lambda: accelerator.prepare(model, optimizer, own),
+                 "You cannot specify a scheduler in the config file and in the code at the same time", "DummyScheduler")
+    no_scheduler = {key: value for key, value in config.items() if key != "scheduler"}
+    other = fresh_accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=no_scheduler))
+    expect_error(lambda: other.prepare(model, optimizer, own),
+                 "You can only specify `accelerate.utils.DummyScheduler` in the code when using "
+                 "`accelerate.utils.DummyOptim`", "lr_scheduler_callable")
+    accelerator = fresh_accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
     engine, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler,
                                                                DataLoader(data(), batch_size=4))
     rates = []
@@ -304,6 +320,7 @@ def check_student_and_teacher() -> None:
     assert state.deepspeed_plugin is plugins["teacher"] and not plugins["student"].selected
     teacher = accelerator.prepare(teacher)
     assert teacher.zero_optimization_stage() == 3 and student.zero_optimization_stage() == 2
+    assert accelerator.deepspeed_engine_wrapped.engine is student  # the first engine this Accelerator prepared
     with torch.no_grad():
         assert torch.allclose(teacher(probe), teacher_expected, atol=1e-6)
     losses = []

@@ -330,3 +330,22 @@ def test_a_second_accelerator_without_plugins_joins_the_runs_deepspeed_and_keeps
     finally:
         zero3._unset_deepspeed_weakref()
         AcceleratorState._reset_state(True)
+
+
+def test_a_dummy_scheduler_without_warm_up_fills_the_smallest_warm_up_deepspeed_takes():
+    """DummyScheduler's default warm-up is 0, which recent DeepSpeed versions refuse ("must be a positive
+    integer"); older ones ran it as a 2-step warm-up, which 1 gives. A number the user sets is kept."""
+    model = WithConfig(hidden_size=8)
+    optimizer = DummyOptim(list(model.parameters()), lr=0.1)
+    schedule = {"type": "WarmupLR", "params": {"warmup_num_steps": "auto", "warmup_max_lr": "auto",
+                                               "warmup_min_lr": "auto"}}
+    plugin = _auto_plugin(optimizer={"type": "AdamW", "params": {"lr": "auto"}}, scheduler=schedule)
+    config = resolved_config(plugin, model=model, optimizer=optimizer, scheduler=DummyScheduler(optimizer),
+                             loaders=[_loader(2)], data_parallel_size=1)
+    assert config["scheduler"]["params"] == {"warmup_num_steps": 1, "warmup_max_lr": 0.1, "warmup_min_lr": 0}
+    from deepspeed.runtime.lr_schedules import WarmupLR
+
+    WarmupLR(torch.optim.SGD(model.parameters(), lr=0.1), **config["scheduler"]["params"])  # DeepSpeed takes it
+    config = resolved_config(plugin, model=model, optimizer=optimizer,
+                             scheduler=DummyScheduler(optimizer, warmup_num_steps=5), loaders=[_loader(2)])
+    assert config["scheduler"]["params"]["warmup_num_steps"] == 5

@@ -228,6 +228,7 @@ def fsdp1() -> None:
     model, optimizer = accelerator.prepare(model, optimizer)
     units = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
     check(len(units) == 3, f"FSDP1 wraps the root and each Block: {len(units)} units")
+    check(model._ignored_modules == {model.module.head}, "FSDP1 is given the ignored modules themselves")
     check(any("_checkpoint_wrapped_module" in name for name, _ in model.named_modules()), "blocks checkpointed")
     losses = train_steps(accelerator, model, optimizer)
     check(all(torch.isfinite(torch.tensor(losses))), f"FSDP1 trains: {losses}")

@@ -150,3 +150,34 @@ def test_a_reference_fsdp_full_checkpoint_loads_on_one_process(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values()))
     loaded, expected = optimizer.state_dict()["state"], source_optimizer.state_dict()["state"]
     assert all(torch.equal(loaded[i]["exp_avg"], expected[i]["exp_avg"]) for i in expected)
+
+
+def test_parameters_lost_in_sharding_are_named_with_the_references_phrases_and_nothing_is_re_pointed():
+    from hasten.strategies.fsdp.fsdp2 import _repoint
+
+    embed, head, other = (torch.nn.Parameter(torch.ones(2)) for _ in range(3))
+    optimizer = torch.optim.SGD([{"params": [embed, other]}, {"params": [head]}], lr=0.1)
+    originals = {id(embed): "model.embed_tokens.weight", id(head): "lm_head.weight", id(other): "other.weight"}
+    sharded = {"model.embed_tokens.weight": torch.nn.Parameter(torch.ones(1)),
+               "other.weight": torch.nn.Parameter(torch.ones(1))}
+    with pytest.raises(KeyError, match="Parameters missing after FSDP2 wrapping: lm_head.weight") as plain:
+        _repoint(optimizer, originals, sharded)
+    assert "tie_word_embeddings" not in str(plain.value)
+    with pytest.raises(ValueError) as tied:
+        _repoint(optimizer, originals, sharded, tied_embeddings=True)
+    assert "FSDP2 mapping failed" in str(tied.value) and "tie_word_embeddings = False" in str(tied.value)
+    assert optimizer.param_groups[0]["params"] == [embed, other]  # no group changed
+    sharded["lm_head.weight"] = torch.nn.Parameter(torch.ones(1))
+    _repoint(optimizer, originals, sharded)
+    assert optimizer.param_groups[1]["params"][0] is sharded["lm_head.weight"]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_layer_class_the_model_lacks_is_refused_in_the_references_words_listing_the_models_classes(version):
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=version, auto_wrap_policy="transformer_based_wrap",
+                                            transformer_cls_names_to_wrap=["T5Layer"])
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    with pytest.raises(ValueError) as refused:
+        plugin.set_auto_wrap_policy(model)
+    assert "Could not find the transformer layer class T5Layer in the model." in str(refused.value)
+    assert "Linear, ReLU, Sequential" in str(refused.value)

@@ -173,6 +173,17 @@ class _Filler:
             del node[key]
 
 
+def write_back_filled_values(plugin_config: dict, resolved: dict) -> None:
+    """Replace each ``"auto"`` of the plugin's own config by the value ``resolved`` filled it with, in place, as the
+    reference does once its engine is built: scripts read the run's values there after ``prepare`` (the micro batch
+    size, to give a second plugin the same), and the plugin's next engine starts from them."""
+    for key, value in plugin_config.items():
+        if isinstance(value, dict) and isinstance(resolved.get(key), dict):
+            write_back_filled_values(value, resolved[key])
+        elif value == "auto" and key in resolved and resolved[key] != "auto":
+            plugin_config[key] = resolved[key]
+
+
 def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loaders=(), accumulation_steps: int = 1,
                     data_parallel_size: int = 1, mixed_precision: str = "no", device_type: str = "cpu",
                     loader_processes: Optional[int] = None) -> dict:
@@ -236,6 +247,10 @@ def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loade
                 value = optimizer.lr
             if key == "warmup_min_lr" and value is None:
                 value = 0
+            if key == "warmup_num_steps" and value == 0:
+                # DummyScheduler's default. DeepSpeed's warm-up schedulers ran 0 as a 2-step warm-up; recent versions
+                # refuse it ("must be a positive integer"): 1 keeps the schedule the older versions ran for 0.
+                value = 1
             filler.fill(f"scheduler.params.{key}", value, f"DummyScheduler({key}=...)", must_match=False)
     _check_batch_sizes(config, data_parallel_size)
     check_engine_precision(config, device_type, mixed_precision)

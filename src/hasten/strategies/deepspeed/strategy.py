@@ -141,28 +141,37 @@ class DeepSpeedStrategy(Strategy):
         if len(optimizers) > 1:
             raise ValueError(f"One prepare() call got {len(optimizers)} optimizers: a DeepSpeed engine steps one.")
         config = self.plugin.deepspeed_config
-        for optimizer in optimizers:
-            if isinstance(optimizer, DummyOptim) and "optimizer" not in config:
-                raise ValueError("A DummyOptim stands for the optimizer of the DeepSpeed config, and the config has no "
-                                 "'optimizer' section: add one, or pass a torch optimizer.")
+        for optimizer in optimizers:  # the reference's sentences first (scripts match on them), then what to do
             if not isinstance(optimizer, DummyOptim) and "optimizer" in config:
-                raise ValueError("The DeepSpeed config defines an optimizer ('optimizer' section) and a "
-                                 f"{type(optimizer).__name__} was given too: pass hasten.utils.DummyOptim(params) "
+                raise ValueError("You cannot specify an optimizer in the config file and in the code at the same "
+                                 "time: the DeepSpeed config defines one ('optimizer' section) and a "
+                                 f"{type(optimizer).__name__} was given too. Pass hasten.utils.DummyOptim(params) "
                                  "instead, or remove the config's 'optimizer' section.")
+            if isinstance(optimizer, DummyOptim) and "optimizer" not in config:
+                raise ValueError("You cannot create a `DummyOptim` without specifying an optimizer in the config "
+                                 "file. A DummyOptim stands for the config's 'optimizer' section: add one, or pass a "
+                                 "torch optimizer.")
         for scheduler in schedulers:
+            if not isinstance(scheduler, DummyScheduler) and "scheduler" in config:
+                raise ValueError("You cannot specify a scheduler in the config file and in the code at the same "
+                                 "time: the DeepSpeed config defines one ('scheduler' section) and a "
+                                 f"{type(scheduler).__name__} was given too. Pass hasten.utils.DummyScheduler("
+                                 "optimizer) instead, or remove the config's 'scheduler' section.")
             if isinstance(scheduler, DummyScheduler) and "scheduler" not in config \
                     and scheduler.lr_scheduler_callable is None:
-                raise ValueError("A DummyScheduler stands for the scheduler of the DeepSpeed config, and the config "
-                                 "has no 'scheduler' section: add one, give DummyScheduler(lr_scheduler_callable=...), "
-                                 "or pass a torch scheduler.")
-            if not isinstance(scheduler, DummyScheduler) and "scheduler" in config:
-                raise ValueError("The DeepSpeed config defines a scheduler ('scheduler' section) and a "
-                                 f"{type(scheduler).__name__} was given too: pass hasten.utils.DummyScheduler("
-                                 "optimizer) instead, or remove the config's 'scheduler' section.")
+                raise ValueError("Either specify a scheduler in the config file or pass in the "
+                                 "`lr_scheduler_callable` parameter when using `accelerate.utils.DummyScheduler`: a "
+                                 "DummyScheduler stands for the config's 'scheduler' section, and there is none.")
+        if any(isinstance(o, DummyOptim) for o in optimizers) and schedulers \
+                and not all(isinstance(s, DummyScheduler) for s in schedulers):
+            raise ValueError("You can only specify `accelerate.utils.DummyScheduler` in the code when using "
+                             "`accelerate.utils.DummyOptim`: the engine builds the optimizer, so a torch scheduler "
+                             "would step a placeholder. Use hasten.utils.DummyScheduler(optimizer, ...), with "
+                             "lr_scheduler_callable=... for a schedule of your own.")
 
     def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
                          data_loaders=(), schedulers=(), accumulation_steps: int = 1):
-        from .auto_config import resolved_config
+        from .auto_config import resolved_config, write_back_filled_values
         from .wrappers import DummyOptim, DummyScheduler
 
         self.check_prepare(models, optimizers, schedulers)
@@ -186,6 +195,7 @@ class DeepSpeedStrategy(Strategy):
             sequence_parallel.check_engine_config(config)
             sequence_parallel.register(model, config["train_micro_batch_size_per_gpu"])
         self.deepspeed_config = config  # the last engine's, "auto" filled: Accelerator.deepspeed_config
+        write_back_filled_values(plugin.deepspeed_config, config)
         names = _parameter_names(model, optimizer)
         model = self.precision.wrap_forward(model)
         if compile_model is not None:
@@ -292,6 +302,11 @@ class DeepSpeedStrategy(Strategy):
                 return record
         raise ValueError("This model was not prepared by this Accelerator's DeepSpeed strategy: pass it to "
                          "accelerator.prepare() first.")
+
+    def first_engine(self, models):
+        """The first of ``models`` that is one of the engines built here (``Accelerator.deepspeed_engine_wrapped``)."""
+        built = {id(record.engine) for record in self._engines}
+        return next((model for model in models if id(model) in built), None)
 
     def engine_of(self, model=None):
         """The engine of ``model`` (a prepared engine or the module inside it); without a model, the one engine

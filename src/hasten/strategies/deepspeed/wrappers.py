@@ -70,8 +70,9 @@ class DeepSpeedEngineWrapper:
             self.engine.step()
 
     def get_global_grad_norm(self):
-        """The gradients' global 2-norm of the engine's last step."""
-        return self.engine.get_global_grad_norm()
+        """The gradients' global 2-norm of the engine's last step, as a number (DeepSpeed may give a tensor)."""
+        norm = self.engine.get_global_grad_norm()
+        return norm.item() if isinstance(norm, torch.Tensor) else norm
 
 
 class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):

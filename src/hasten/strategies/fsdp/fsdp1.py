@@ -17,7 +17,7 @@ import contextlib
 from torch import nn
 
 from .fsdp2 import FSDP2Strategy
-from .wrapping import apply_activation_checkpointing, ignored_parameters, wrap_policy, wrap_units
+from .wrapping import apply_activation_checkpointing, ignored_submodules, wrap_policy, wrap_units
 
 __all__ = ["FSDP1Strategy"]
 
@@ -70,9 +70,10 @@ class FSDP1Strategy(FSDP2Strategy):
             options["device_mesh"] = layout.mesh["dp_replicate", "dp_shard"]
         elif layout.world_size != layout.dp_shard:
             options["process_group"] = layout.submesh("dp_shard").get_group()
-        ignored = ignored_parameters(model, self.plugin.ignored_modules)
-        if ignored:
-            options["ignored_states"] = list(ignored)
+        ignored_modules = ignored_submodules(model, self.plugin.ignored_modules)
+        ignored = {param for module in ignored_modules for param in module.parameters()}
+        if ignored_modules:  # as modules: FSDP1 then neither shards nor wraps them (model._ignored_modules)
+            options["ignored_states"] = ignored_modules
         if options["sync_module_states"] and self.state.device.type == "cpu":
             _sync_from_rank_zero(model, self.plugin.param_init_fn, ignored)
             options.update(sync_module_states=False, param_init_fn=None)

@@ -110,9 +110,11 @@ class FSDP2Strategy(Strategy):
     def _repoint_optimizers(self, optimizers, originals: dict, prepared: list) -> None:
         """Point the optimizers at the sharded parameters that replaced the originals (matched by name)."""
         sharded = {clean_name(n): p for model in prepared for n, p in self.unwrap(model).named_parameters()}
+        tied = any(getattr(getattr(self.unwrap(model), "config", None), "tie_word_embeddings", False) is True
+                   for model in prepared)
         for optimizer in optimizers:
             if _holds_originals(optimizer, originals):
-                _repoint(optimizer, originals, sharded)
+                _repoint(optimizer, originals, sharded, tied)
             # else: built on the parameters of a model prepared before (the Accelerator checked), nothing to re-point
 
     def shard_model(self, model: nn.Module) -> nn.Module:
@@ -300,23 +302,39 @@ def _checkpointed(model: nn.Module, unit: nn.Module) -> nn.Module:
     return unit
 
 
-def _repoint(optimizer, originals: dict, sharded: dict) -> None:
-    """Point ``optimizer``'s parameter groups at the sharded parameters that replaced the originals."""
+def _repoint(optimizer, originals: dict, sharded: dict, tied_embeddings: bool = False) -> None:
+    """Point ``optimizer``'s parameter groups at the sharded parameters that replaced the originals (by name; a
+    name the sharded model lacks raises before any group changes, with a hint when the model ties its
+    embeddings)."""
     if optimizer.state:
         raise ValueError(
             "The optimizer has already stepped (it holds state for the unsharded parameters): prepare the model and "
             "its optimizer before the first optimizer step.")
-    for group in optimizer.param_groups:
-        replaced = []
-        for param in group["params"]:
-            name = originals.get(id(param))
-            if name is None or name not in sharded:
-                raise ValueError(
-                    "An optimizer given to prepare() trains a parameter of no model in the same prepare() call: with "
-                    "FSDP, pass each model and its optimizer together: model, optimizer = accelerator.prepare("
-                    "model, optimizer).")
-            replaced.append(sharded[name])
-        group["params"] = replaced
+    names = [[originals.get(id(param)) for param in group["params"]] for group in optimizer.param_groups]
+    if any(name is None for group in names for name in group):
+        raise ValueError(
+            "An optimizer given to prepare() trains a parameter of no model in the same prepare() call: with "
+            "FSDP, pass each model and its optimizer together: model, optimizer = accelerator.prepare("
+            "model, optimizer).")
+    lost = sorted({name for group in names for name in group if name not in sharded})
+    if lost:  # checked for every group before any group changes
+        raise ParametersLostInSharding(lost, tied_embeddings)
+    for group, group_names in zip(optimizer.param_groups, names):
+        group["params"] = [sharded[name] for name in group_names]
+
+
+class ParametersLostInSharding(KeyError, ValueError):
+    """Parameters the optimizer trains that the sharded model no longer has under their names (a KeyError, as the
+    reference raises, and a ValueError, as it raises when the weights are tied)."""
+
+    def __init__(self, lost: list, tied_embeddings: bool = False):
+        hint = (" The model ties its embeddings: FSDP2 mapping failed for tied embeddings; tie them again after "
+                "prepare, or set tie_word_embeddings = False in the model's config.") if tied_embeddings else ""
+        super().__init__(f"Parameters missing after FSDP2 wrapping: {', '.join(lost)}. The optimizer was built on "
+                         "them, but the sharded model has no parameter of that name, so it cannot be re-pointed." + hint)
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
 
 
 def _required(model, optimizer):

@@ -17,7 +17,7 @@ from typing import Callable, Union
 
 import torch
 
-from ...config.fsdp import get_module_class_from_name
+from ...config.fsdp import layer_classes
 from ...core.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from ...logging import get_logger
 from .checkpoint_files import (
@@ -151,13 +151,7 @@ def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin, model: torch.nn.Module) -> Call
         names = fsdp2_plugin.transformer_cls_names_to_wrap
         if names is None:
             names = list(getattr(model, "_no_split_modules", None) or [])
-        classes = set()
-        for name in names:
-            layer_class = get_module_class_from_name(model, name)
-            if layer_class is None:
-                raise ValueError(f"Could not find the transformer layer class {name!r} in the model.")
-            classes.add(layer_class)
-        classes = tuple(classes)
+        classes = tuple(layer_classes(model, names))
 
         def policy(module: torch.nn.Module) -> bool:
             return bool(classes) and isinstance(getattr(module, "_checkpoint_wrapped_module", module), classes)

@@ -78,8 +78,14 @@ def wrap_units(model: nn.Module, decide: Optional[Callable[[nn.Module, int], boo
 def ignored_parameters(model: nn.Module, ignored_modules) -> set:
     """The parameters FSDP must leave alone: those of ``ignored_modules`` (modules, or a regular expression
     fullmatched against submodule names)."""
+    return {param for module in ignored_submodules(model, ignored_modules) for param in module.parameters()}
+
+
+def ignored_submodules(model: nn.Module, ignored_modules) -> list:
+    """The modules ``ignored_modules`` names: the modules themselves, or those whose names a regular expression
+    fullmatches (a pattern matching none is refused, showing what the names look like)."""
     if ignored_modules is None:
-        return set()
+        return []
     if isinstance(ignored_modules, str):
         pattern = re.compile(ignored_modules)
         modules = [module for name, module in model.named_modules() if name and pattern.fullmatch(name)]
@@ -88,7 +94,7 @@ def ignored_parameters(model: nn.Module, ignored_modules) -> set:
                              f"look like {[name for name, _ in model.named_modules() if name][:6]}.")
     else:
         modules = list(ignored_modules)
-    return {param for module in modules for param in module.parameters()}
+    return modules
 
 
 def apply_activation_checkpointing(model: nn.Module, units: list[nn.Module], offload: bool = False) -> None:
