@@ -501,11 +501,18 @@ class Accelerator:
         self._check_optimizers_belong_to_models(models, optimizers)
         if not evaluation_mode:
             self._check_quantized_models(models)
+        tied = self.strategy.first_engine(self._models)  # deepspeed_engine_wrapped's engine, if one was built
         models, raw_optimizers = self.strategy.prepare_training(
             models, optimizers, model_placement, evaluation_mode,
             compile_model=lambda model: apply_dynamo_plugin(model, self.dynamo_plugin),
             data_loaders=list(self._dataloaders), schedulers=list(schedulers),
             accumulation_steps=self.gradient_accumulation_steps)
+        if tied is not None and self.strategy.first_engine(models) is not None:
+            get_logger(__name__).warning(
+                "A wrapped DeepSpeed engine reference is currently tied for this `Accelerator()` instance. "
+                "accelerator.deepspeed_engine_wrapped stays the first engine prepared; accelerator.backward(loss) "
+                "goes to the one engine that trains (has an optimizer); with several, pass backward(loss, "
+                "model=engine), or use one Accelerator per trained model.")
         wrapped = [opt if isinstance(opt, AcceleratedOptimizer)  # a backend's own wrapper (DeepSpeed's)
                    else AcceleratedOptimizer(opt, device_placement=place, scaler=self.scaler)
                    for opt, place in zip(raw_optimizers, optimizer_placement)]

@@ -318,9 +318,13 @@ def check_student_and_teacher() -> None:
     student, optimizer, loader = accelerator.prepare(student, optimizer, DataLoader(data(), batch_size=4))
     state.select_deepspeed_plugin("teacher")
     assert state.deepspeed_plugin is plugins["teacher"] and not plugins["student"].selected
-    teacher = accelerator.prepare(teacher)
+    with captured_warnings() as messages:
+        teacher = accelerator.prepare(teacher)
     assert teacher.zero_optimization_stage() == 3 and student.zero_optimization_stage() == 2
     assert accelerator.deepspeed_engine_wrapped.engine is student  # the first engine this Accelerator prepared
+    if accelerator.is_main_process:  # said as the reference says it
+        assert any("A wrapped DeepSpeed engine reference is currently tied for this `Accelerator()` instance" in m
+                   for m in messages), messages
     with torch.no_grad():
         assert torch.allclose(teacher(probe), teacher_expected, atol=1e-6)
     losses = []
