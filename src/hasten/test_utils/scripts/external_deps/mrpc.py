@@ -16,14 +16,18 @@ from torch.utils.data import DataLoader
 EVAL_BATCH_SIZE = 32
 
 
-def add_model_and_data_arguments(parser: argparse.ArgumentParser, model: str = "bert-base-cased") -> None:
-    """The two options every MRPC script takes: the model (a Hub id or a local directory) and, hasten's own, a
-    local copy of the data."""
+def add_model_and_data_arguments(parser: argparse.ArgumentParser, model: str = "bert-base-cased",
+                                 batch_size: int = 16) -> None:
+    """The options every MRPC script takes: the model (a Hub id or a local directory), hasten's own local copy of
+    the data, and the learning rate, batch size and seed (the reference's values by default)."""
     parser.add_argument("--model_name_or_path", type=str, default=model,
                         help="A model id on the Hugging Face Hub or a local directory saved by save_pretrained.")
     parser.add_argument("--dataset_dir", type=str, default=None,
                         help="A folder with train.jsonl and validation.jsonl (sentence1, sentence2, label) read "
                              "instead of GLUE MRPC from the Hub.")
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--batch_size", type=int, default=batch_size)
+    parser.add_argument("--seed", type=int, default=42)
 
 
 def load_mrpc(dataset_dir: str | None):
@@ -113,3 +117,19 @@ def accumulation_steps(accelerator) -> int:
     """The DeepSpeed config's ``gradient_accumulation_steps`` (the scripts accumulate by hand), else 1."""
     steps = deepspeed_config(accelerator).get("gradient_accumulation_steps", 1)
     return steps if isinstance(steps, int) and steps > 0 else 1
+
+
+def train_epoch_by_hand(accelerator, model, optimizer, schedule, loader, every: int) -> int:
+    """One epoch the way the reference's checkpointing and memory scripts train: the loss divided by ``every``,
+    the optimizer and scheduler stepped on every ``every``-th batch (the first included), no ``accumulate``.
+    Returns the batches seen."""
+    model.train()
+    seen = 0
+    for index, batch in enumerate(loader):
+        accelerator.backward(model(**batch).loss / every)
+        if index % every == 0:
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+        seen += 1
+    return seen

@@ -25,6 +25,7 @@ from hasten.test_utils.scripts.external_deps.mrpc import (
     add_model_and_data_arguments,
     mrpc_loaders,
     optimizer_and_schedule,
+    train_epoch_by_hand,
 )
 
 
@@ -68,15 +69,7 @@ def train(args) -> None:
     last_epoch = args.partial_train_epoch if args.partial_train_epoch is not None else args.num_epochs
     step = 0
     for epoch in range(last_epoch):
-        model.train()
-        for index, batch in enumerate(train_loader):
-            loss = model(**batch).loss / every
-            accelerator.backward(loss)
-            if index % every == 0:
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad()
-            step += 1
+        step += train_epoch_by_hand(accelerator, model, optimizer, schedule, train_loader, every)
         accelerator.save_state(os.path.join(args.output_dir, f"epoch_{epoch}"))
         (epoch_accuracy,) = accuracy(accelerator, model, eval_loader)
         state = {"accuracy": epoch_accuracy, "lr": schedule.get_lr()[0],
@@ -97,9 +90,6 @@ def parse(argv=None):
                         help="A folder <output_dir>/epoch_<k> written by an earlier run of this script.")
     parser.add_argument("--partial_train_epoch", type=int, default=None, help="Stop after this many epochs.")
     parser.add_argument("--num_epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args(argv)
 
 

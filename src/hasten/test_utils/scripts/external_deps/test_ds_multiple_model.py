@@ -155,13 +155,10 @@ def two_accelerators(args) -> None:
 
 def parse(argv=None):
     parser = argparse.ArgumentParser(description="Several DeepSpeed plugins and models in one run.")
-    add_model_and_data_arguments(parser)
+    add_model_and_data_arguments(parser, batch_size=8)
     parser.add_argument("--performance_lower_bound", type=float, default=None,
                         help="Taken for the reference's command line; the check is that every model improves.")
     parser.add_argument("--num_epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args(argv)
 
 

@@ -28,6 +28,7 @@ from hasten.test_utils.scripts.external_deps.mrpc import (
     add_model_and_data_arguments,
     mrpc_loaders,
     optimizer_and_schedule,
+    train_epoch_by_hand,
 )
 
 MIB = 2**20
@@ -89,14 +90,7 @@ def train(args) -> None:
     peaks = {}
     for epoch in range(args.num_epochs):
         with PeakMemory(accelerator.device) as peak:
-            model.train()
-            for index, batch in enumerate(train_loader):
-                loss = model(**batch).loss / every
-                accelerator.backward(loss)
-                if index % every == 0:
-                    optimizer.step()
-                    schedule.step()
-                    optimizer.zero_grad()
+            train_epoch_by_hand(accelerator, model, optimizer, schedule, train_loader, every)
         accelerator.print(f"Memory before entering the train : {peak.begin_mib}")
         accelerator.print(f"Memory consumed at the end of the train (end-begin): {peak.used_mib}")
         accelerator.print(f"Total Peak Memory consumed during the train (max): {peak.total_mib}")
@@ -120,9 +114,6 @@ def parse(argv=None):
     parser.add_argument("--n_train", type=int, default=320)
     parser.add_argument("--n_val", type=int, default=160)
     parser.add_argument("--num_epochs", type=int, default=1)
-    parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args(argv)
 
 

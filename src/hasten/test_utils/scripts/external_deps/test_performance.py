@@ -123,9 +123,6 @@ def parse(argv=None):
     parser.add_argument("--tp_size", type=int, default=None, help="Tensor-parallel size.")
     parser.add_argument("--model_dtype", type=str, default=None, choices=["bfloat16", "float16", "float32"],
                         help="Load the model in this dtype (default: the checkpoint's).")
-    parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args(argv)
 
 
