@@ -455,7 +455,8 @@ class Accelerator:
         """The first DeepSpeed engine this Accelerator prepared, in a ``DeepSpeedEngineWrapper`` (its ``engine``;
         ``backward(loss, sync_gradients)`` runs the engine's backward and, at a boundary, its step), as the
         reference keeps it; None before ``prepare`` built an engine, and under the other backends. The same
-        wrapper each time; assigning one (or None) replaces it."""
+        wrapper each time; an assigned wrapper replaces it (after None, the next read wraps the first engine
+        again)."""
         if self._engine_wrapper is None:
             engine = self.strategy.first_engine(self._models)
             if engine is not None:

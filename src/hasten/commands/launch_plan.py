@@ -518,6 +518,13 @@ def other_backends_off(strategy: str, environ: Mapping, notes: list) -> dict:
     a launch flag wins over any inherited variable (a test suite that ran an FSDP test in-process, then launches
     ``--use_deepspeed``, would otherwise start workers that see both). One note per switch."""
     from ..core.env_aliases import setting_variables
+    from ..core.env_vars import str_to_bool
+
+    def turned_on(value) -> bool:  # a value that reads as no boolean is left for the workers to refuse
+        try:
+            return bool(str_to_bool(value))
+        except ValueError:
+            return False
 
     if strategy not in STRATEGY_ENV:
         return {}
@@ -526,7 +533,7 @@ def other_backends_off(strategy: str, environ: Mapping, notes: list) -> dict:
         if kind == strategy:
             continue
         for name in setting_variables(switch):
-            if str(environ.get(name, "")).strip().lower() in ("1", "true", "yes"):
+            if name in environ and turned_on(environ[name]):
                 off[name] = "false"
                 notes.append(f"hasten launch: this launch trains with {strategy}; {name}={environ[name]!r} "
                              "inherited from the environment is set to false for the workers.")

@@ -45,7 +45,7 @@ def aggregated_loss(shard_loss, shift_labels, group, size):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="ALST / Ulysses sequence parallelism under DeepSpeed.")
     parser.add_argument("--model_name_or_path", type=str, default="hf-internal-testing/tiny-random-LlamaForCausalLM")
-    parser.add_argument("--output_dir", type=str, default=".")
+    parser.add_argument("--output_dir", type=str, default=".", help="Taken for the reference's command line; unused.")
     args = parser.parse_args(argv)
 
     set_seed(42)

@@ -1,7 +1,8 @@
 """Fine-tune a sequence classifier on GLUE MRPC under whatever the launch selects (DDP, FSDP, DeepSpeed, tensor
 parallelism) and check that it learns: Accelerate's backend suites launch this file as ``test_performance.py``.
 
-Checks, on every process: with full precision and hasten's linear schedule, the learning rate after the first
+Checks, on every process: with full precision and a linear schedule (transformers' ``get_linear_schedule_with_warmup``,
+when the DeepSpeed config names no scheduler), the learning rate after the first
 optimizer step is ``lr * (1 - 1 / steps per process)`` and 0 after the last (the schedule was written for the whole
 data set, and the prepared scheduler advances once per process at each step); the best validation accuracy reaches
 ``--performance_lower_bound`` when given; ``save_model`` writes ``model.safetensors`` into ``--output_dir``
