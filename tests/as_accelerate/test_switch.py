@@ -63,6 +63,27 @@ def test_the_variable_makes_every_accelerate_import_hastens_module():
     assert "SWITCH OK" in result.stdout and "hasten" in result.stdout
 
 
+def test_an_aliased_module_keeps_hastens_own_spec_so_its_relative_imports_do_not_warn():
+    # Python's import machinery sets __spec__ on the module an alias loads; hasten.X must keep naming itself, or every
+    # relative import inside it warns "__package__ != __spec__.parent" (ImportWarning) and reload() loads the alias.
+    result = run_python("""
+        import importlib, sys, warnings
+        warnings.simplefilter("error", ImportWarning)
+        import accelerate.accelerator, accelerate.utils.dataclasses, accelerate.data_loader
+        import hasten.accelerator
+        assert accelerate.accelerator is hasten.accelerator
+        for name in ("hasten.accelerator", "hasten.utils.dataclasses", "hasten.data_loader"):
+            module = sys.modules[name]
+            assert module.__spec__.name == name and module.__spec__.parent == module.__package__, module.__spec__
+        import torch
+        accelerator = accelerate.accelerator.Accelerator()
+        accelerator.prepare(torch.utils.data.DataLoader(list(range(8)), batch_size=2))  # a function-level import
+        assert importlib.reload(hasten.accelerator).__name__ == "hasten.accelerator"
+        print("SPECS OK")
+    """, switch="1")
+    assert "SPECS OK" in result.stdout
+
+
 @pytest.mark.parametrize("value", ["true", "TRUE", " 1 "])
 def test_true_spellings_turn_it_on(value):
     assert "on" in run_python("import accelerate, hasten; print('on' if accelerate.Accelerator is hasten.Accelerator "

@@ -86,6 +86,9 @@ class _AccelerateAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """First on ``sys.meta_path``: ``accelerate[.X]`` is found as hasten's ``hasten[.X]``, and its distribution is
     hasten's record of the API version."""
 
+    def __init__(self):
+        self._home_specs: dict[str, importlib.machinery.ModuleSpec] = {}  # alias name -> hasten's spec, while loading
+
     def find_spec(self, fullname, path=None, target=None):
         if fullname != _ALIAS and not fullname.startswith(_ALIAS + "."):
             return None
@@ -98,10 +101,17 @@ class _AccelerateAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         if spec.name == _ALIAS:
             return _top_module()
-        return importlib.import_module(_home_name(spec.name))  # the same object: accelerate.X is hasten.X
+        module = importlib.import_module(_home_name(spec.name))  # the same object: accelerate.X is hasten.X
+        self._home_specs[spec.name] = module.__spec__
+        return module
 
     def exec_module(self, module):
-        """Nothing to run: the module is hasten's, already imported."""
+        """Nothing to run: the module is hasten's, already imported. Python's import machinery has just set the
+        module's ``__spec__`` to the alias's; hasten's own spec is put back, so that the module's relative imports
+        (``__package__`` against ``__spec__.parent``) and ``importlib.reload`` keep naming ``hasten.X``."""
+        home_spec = self._home_specs.pop(module.__spec__.name, None)
+        if home_spec is not None:
+            module.__spec__ = home_spec
 
     def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
         name = context.name
