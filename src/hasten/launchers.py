@@ -11,6 +11,7 @@ from typing import Callable
 
 from .config.enums import PrecisionType
 from .core.env_vars import env_name, patch_environment
+from .core.environment import are_libraries_initialized
 from .core.network import find_free_port, is_port_in_use
 
 __all__ = ["notebook_launcher", "debug_launcher", "test_launch"]
@@ -58,12 +59,28 @@ def _entrypoint(function: Callable) -> Callable:
     return _NamedEntrypoint(function)
 
 
+#: Libraries that set up the GPU when they are imported: a worker forked after such an import starts with a device
+#: state it cannot use.
+DEVICE_INITIALISING_LIBRARIES = ("bitsandbytes",)
+
+
 def _default_start_method() -> str:
-    """fork where it exists and is safe (it also works for functions defined in a notebook), else spawn."""
+    """fork where it exists and is safe (it also works for functions defined in a notebook), else spawn.
+
+    Forking is refused where a GPU is present and the device may already be set up in this process: torch's CUDA is
+    initialised, or a library that initialises it on import (``DEVICE_INITIALISING_LIBRARIES``) was imported. On a
+    machine without a GPU those imports touch no device and the launch goes on."""
     import torch
 
     if sys.platform == "win32":
         return "spawn"
+    imported = are_libraries_initialized(*DEVICE_INITIALISING_LIBRARIES) if torch.cuda.is_available() else []
+    if imported:
+        raise RuntimeError(
+            "Could not start distributed process: libraries known to initialize the device upon import were imported "
+            f"already ({', '.join(imported)}). Please keep these imports inside your training function, restart the "
+            "notebook and launch again (or pass start_method='spawn', which does not fork this process)."
+        )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         raise RuntimeError(
             "CUDA was already initialised in this process, so worker processes cannot be forked. Restart the "

@@ -57,3 +57,29 @@ def test_notebook_launcher_after_a_state_exists_starts_workers_with_their_own():
         results = notebook_launcher(_report, args=(0,), num_processes=2, use_port="0")
     assert sorted(value[:3] for value in results.values()) == [(0, 2, "MULTI_CPU"), (1, 2, "MULTI_CPU")]
     assert PartialState().num_processes == 1  # this process's own state is left as it was
+
+
+def test_notebook_launcher_refuses_to_fork_after_a_device_initialising_import_where_a_gpu_is(monkeypatch):
+    """bitsandbytes sets up the GPU when imported: forked workers would start with a device they cannot use. The
+    refusal keeps the reference's phrase and comes before any process starts; without a GPU the import touches no
+    device and the launch goes on; start_method='spawn' does not fork, so it is not refused."""
+    import sys
+    import types
+
+    import torch
+
+    import hasten.launchers as launchers
+
+    started = []
+    monkeypatch.setattr("torch.distributed.launcher.api.elastic_launch",
+                        lambda config, entrypoint: lambda *args: started.append(config.start_method) or {0: None})
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    with pytest.raises(RuntimeError, match="Please keep these imports inside your training function") as raised:
+        launchers.notebook_launcher(_report, num_processes=2, use_port="0")
+    assert "bitsandbytes" in str(raised.value) and started == []
+    launchers.notebook_launcher(_report, num_processes=2, use_port="0", start_method="spawn")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    launchers.notebook_launcher(_report, num_processes=2, use_port="0")
+    assert started == ["spawn", "fork"]
