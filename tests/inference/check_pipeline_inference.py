@@ -127,13 +127,26 @@ def check_transformers():
 
     torch.manual_seed(3)
     ids = torch.randint(0, 96, (4, 8), generator=torch.Generator().manual_seed(4))
+    # use_cache left on (transformers' default): prepare_pippy turns it off, a cache cannot cross stages
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=32, n_head=2, vocab_size=96, n_positions=16,
-                                      use_cache=False, bos_token_id=0, eos_token_id=0)).eval()
+                                      bos_token_id=0, eos_token_id=0)).eval()
     with torch.no_grad():
         expected = gpt2(ids).logits
     gpt2 = prepare_pippy(gpt2, example_args=(ids[:2],), no_split_module_classes=gpt2._no_split_modules)
     assert gpt2.hf_split_points[0].startswith("transformer.h."), gpt2.hf_split_points
-    only_on_last(gpt2(ids), expected, "tiny GPT-2 (tied embeddings), auto split")
+    assert gpt2.config.use_cache is False
+    only_on_last(gpt2(ids), expected, "tiny GPT-2 (tied embeddings, cache on), auto split")
+
+    # BERT hands its expanded attention mask (a view, not contiguous) from stage to stage
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(6)
+    bert = BertForMaskedLM(BertConfig(num_hidden_layers=4, hidden_size=32, intermediate_size=64,
+                                      num_attention_heads=2, vocab_size=96, max_position_embeddings=16)).eval()
+    with torch.no_grad():
+        expected = bert(ids).logits
+    bert = prepare_pippy(bert, example_args=(ids[:2],), no_split_module_classes=bert._no_split_modules)
+    only_on_last(bert(ids), expected, "tiny BERT (a view between stages), auto split")
 
     torch.manual_seed(5)
     llama = LlamaForCausalLM(LlamaConfig(num_hidden_layers=4, hidden_size=32, intermediate_size=64,

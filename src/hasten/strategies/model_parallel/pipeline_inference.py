@@ -7,8 +7,9 @@ first process is cut into ``num_chunks`` micro-batches that flow through the sta
 last process (on every process with ``gather_output=True``); the others get None.
 
 Unlike the training pipeline (``pipeline.py``, which cuts a model between its children by hand), this path traces,
-so the model may be any module ``torch.export`` captures, transformers models included (with
-``config.use_cache = False``: a cache object in the outputs cannot be traced). The traced graph has the example's
+so the model may be any module ``torch.export`` captures, transformers models included (their
+``config.use_cache`` is set to False, with a warning: a cache object in the outputs can be neither traced nor sent
+between stages). The traced graph has the example's
 shapes, so every call must bring ``num_chunks`` micro-batches shaped like the example.
 
 Every refusal happens before any work that involves another process: the arguments are checked before the process
@@ -175,13 +176,30 @@ def _tensors(data) -> list:
     return []
 
 
+def _turn_off_cache(model: nn.Module) -> None:
+    """A transformers model's key/value cache is an object among its outputs, which neither ``torch.export`` nor a
+    pipeline stage can pass on; the pipelined model runs without one, so ``config.use_cache`` is set to False (with
+    a warning, as it changes the model's config)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", False) is True:
+        from ...logging import get_logger
+
+        config.use_cache = False
+        get_logger(__name__).warning(
+            "prepare_pippy sets model.config.use_cache = False: a key/value cache cannot be traced or passed between "
+            "pipeline stages, so the pipelined model runs without one.", main_process_only=True)
+
+
 def _trace(model: nn.Module, split_points: list, args: tuple, kwargs: dict):
-    """``torch.distributed.pipelining.pipeline`` on the example, leaving ``model`` as it was.
+    """``torch.distributed.pipelining.pipeline`` on the example, leaving ``model`` as it was (but for a transformers
+    model's ``config.use_cache``, turned off: ``_turn_off_cache``).
 
     torch marks a split point by replacing that module's ``forward``; the marks are taken off again afterwards, so
     the model runs (and can be traced again) as before.
     """
     from torch.distributed.pipelining import SplitPoint, pipeline
+
+    _turn_off_cache(model)
 
     modules = dict(model.named_modules())
     saved = {name: (modules[name].__dict__.get("forward", _MISSING), modules[name].__dict__.get("_orig_forward",
@@ -191,13 +209,9 @@ def _trace(model: nn.Module, split_points: list, args: tuple, kwargs: dict):
         return pipeline(model, mb_args=args, mb_kwargs=kwargs or None,
                         split_spec={name: SplitPoint.BEGINNING for name in split_points})
     except Exception as error:
-        hint = ""
-        if getattr(getattr(model, "config", None), "use_cache", False):
-            hint = (" For a transformers model set `model.config.use_cache = False` before prepare_pippy: a cache "
-                    "object among the outputs cannot be traced.")
         cause = f" ({str(error.__cause__).splitlines()[0][:300]})" if error.__cause__ is not None else ""
         raise RuntimeError(f"prepare_pippy could not trace {type(model).__name__} with torch.export on the example "
-                           f"inputs, which it needs to cut the model into stages: {error}{cause}.{hint}") from error
+                           f"inputs, which it needs to cut the model into stages: {error}{cause}.") from error
     finally:
         for name, (forward, orig_forward) in saved.items():
             for attribute, value in (("forward", forward), ("_orig_forward", orig_forward)):
@@ -291,13 +305,48 @@ def _stage_count_check(pipe, split_points: list, num_stages: int) -> None:
             f"traced inputs. Choose other split points.")
 
 
+def _contiguous(value):
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, lambda tensor: tensor.contiguous(), value)
+
+
+def _receive_contiguous(pipe) -> None:
+    """Point-to-point sends and receives need contiguous tensors, but a traced stage may hand on a view (BERT passes
+    its expanded attention mask from stage to stage), and torch sizes the receive buffers with the traced strides.
+    The placeholders through which a stage receives from another get contiguous example values, so its buffers are
+    plain; ``_schedule`` makes the sent outputs contiguous to match."""
+    import operator
+
+    split = pipe.split_gm
+    for node in split.graph.nodes:
+        if node.op != "call_module":
+            continue
+        placeholders = [p for p in split.get_submodule(node.target).graph.nodes if p.op == "placeholder"]
+        for placeholder, argument in zip(placeholders, node.args):
+            while getattr(argument, "target", None) is operator.getitem:
+                argument = argument.args[0]
+            value = placeholder.meta.get("val")
+            if getattr(argument, "op", None) != "call_module" or not isinstance(value, torch.Tensor):
+                continue  # a root input (cut into micro-batches here) or no tensor
+            if not value.is_contiguous():
+                fake_mode = getattr(value, "fake_mode", None)
+                if fake_mode is not None:
+                    with fake_mode:
+                        placeholder.meta["val"] = value.contiguous()
+                else:
+                    placeholder.meta["val"] = value.contiguous()
+
+
 def _schedule(pipe, num_chunks: int):
     from torch.distributed.pipelining import ScheduleGPipe
 
     from ...state import PartialState
 
     state = PartialState()
+    _receive_contiguous(pipe)
     stage = pipe.build_stage(state.process_index, device=state.device)
+    stage.submod.register_forward_hook(lambda module, inputs, output: _contiguous(output))
     return ScheduleGPipe(stage, num_chunks)
 
 
@@ -305,7 +354,8 @@ def build_pipeline(model, split_points, args, kwargs, num_chunks):
     """Trace ``model`` on the example micro-batch ``args`` / ``kwargs``, cut it before each of ``split_points``
     and return the ``ScheduleGPipe`` running this process's stage in ``num_chunks`` micro-batches.
 
-    Needs one process per stage (``len(split_points) + 1`` processes). The model is left as it was.
+    Needs one process per stage (``len(split_points) + 1`` processes). The model is left as it was (a transformers
+    model's ``config.use_cache`` is turned off, with a warning).
     """
     _check_available()
     num_chunks = _check_num_chunks(num_chunks)
