@@ -292,6 +292,8 @@ ALLOWED_BRANCHES = {
     ("state.py", "launched_backend_type"),
     # a launched test script asserting what the process state reports for the launch it was given
     ("test_utils/scripts/test_script.py", "check_process_state"),
+    # a launched test script setting another backend on the state to see join_uneven_inputs warn that it is DDP's
+    ("test_utils/scripts/test_distributed_data_loop.py", "check_join_warns_without_ddp"),
 }
 
 

@@ -122,3 +122,19 @@ def test_transformers_zero3_after_the_script_made_its_process_group(hub):
     result = run_launch(SCRIPTS / "test_zero3_integration.py", "--model_name_or_path", hub["gpt2"],
                         env=clean_env(HASTEN_AS_ACCELERATE="1"))
     assert "ZERO3 INTEGRATION PASSED" in result.stdout
+
+
+def test_metrics_counts_every_sample_once_for_every_loader_setting(hub):
+    """The MRPC comparison runs on CPU with --mrpc (on an accelerator it always runs), on the tiny BERT."""
+    result = run_launch(SCRIPTS / "test_metrics.py", "--mrpc", "--model_name_or_path", hub["bert"],
+                        "--dataset_dir", hub["mrpc"], timeout=300)
+    assert "METRICS PASSED" in result.stdout
+    for setting in ("split_batches=True, dispatch_batches=True", "split_batches=False, dispatch_batches=False"):
+        assert f"MRPC, {setting}" in result.stdout and f"99 samples, {setting}" in result.stdout, setting
+
+
+def test_pippy_outputs_bert_and_gpt2_on_the_last_process_as_the_whole_model():
+    result = run_launch(SCRIPTS / "test_pippy.py", "--tiny", timeout=300)
+    assert "Testing gpt2" in result.stdout and "Testing bert" in result.stdout and "PIPPY PASSED" in result.stdout
+    failed = one_process("test_pippy.py", "--tiny")
+    assert failed.returncode != 0 and "needs two or more processes" in failed.stderr
