@@ -32,13 +32,28 @@ def variables_set_by_imports_put_back():
             os.environ[name] = value
 
 
+_LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 @pytest.fixture(autouse=True)
 def fresh_state():
-    """Every test starts and ends with no shared process / accelerator / gradient state."""
+    """Every test starts and ends with no shared process / accelerator / gradient state, and leaves no process
+    group or launch variables behind (a single-process DeepSpeed run makes both), so no test depends on the order."""
+    import torch.distributed as dist
+
     from hasten.state import AcceleratorState, GradientState, PartialState
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+    had_group = dist.is_available() and dist.is_initialized()
+    launch_before = {name: os.environ.get(name) for name in _LAUNCH_VARIABLES}
     yield
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+    if not had_group and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    for name, value in launch_before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

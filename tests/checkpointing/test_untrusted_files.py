@@ -167,13 +167,15 @@ _UNSAFE = re.compile(r"pickle\.loads?\(|yaml\.load\(|yaml\.unsafe_load|FullLoade
 
 # bytes another process of the same job sent through a collective (as torch's all_gather_object), not a file
 _PEER_BYTES = {"collectives/object_exchange.py"}
+# a launched test script unpickling the bytes it pickled itself one call before (a pickled Accelerator comes back)
+_OWN_BYTES = {"test_utils/scripts/test_distributed_data_loop.py"}
 
 
 def test_no_unrestricted_deserialisation_or_eval_in_the_library():
     """docs/security.md lists every place that turns file contents into objects; none may use these."""
     root = Path(estimate.__file__).resolve().parents[1]
     found = [f"{path.relative_to(root)}:{number}: {line.strip()}"
-             for path in sorted(root.rglob("*.py")) if path.relative_to(root).as_posix() not in _PEER_BYTES
+             for path in sorted(root.rglob("*.py")) if path.relative_to(root).as_posix() not in _PEER_BYTES | _OWN_BYTES
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if _UNSAFE.search(line) and not line.lstrip().startswith(("#", "def "))]
     assert found == []

@@ -43,6 +43,10 @@ def test_a_deepspeed_launch_says_so_before_any_accelerator(monkeypatch):
     """transformers' TrainingArguments(deepspeed=...) sets ACCELERATE_USE_DEEPSPEED and reads the state's type:
     a launched process (LOCAL_RANK set) reports DEEPSPEED; a plain run with the switch, or a launch without it,
     does not. (Two processes: tests/strategies/deepspeed/check_deepspeed.py.)"""
+    # an earlier single-process DeepSpeed run in this pytest process leaves its local launch variables set (its
+    # process group stays up with them): start from a process that was not launched
+    for variable in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(variable, raising=False)
     PartialState._reset_state()
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     assert PartialState().distributed_type == DistributedType.NO  # not launched: nothing to say yet
