@@ -19,8 +19,13 @@ QUICK_JOIN = {"HASTEN_SAVE_STATE_JOIN_TIMEOUT": "2"}
 def torchrun(script: str, *args) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script_path(script)),
                *map(str, args)]
-    with _one_multiprocess_job_at_a_time():
-        result = subprocess.run(command, capture_output=True, text=True, env=clean_env(), cwd=ROOT, timeout=600)
+    for attempt in range(2):
+        with _one_multiprocess_job_at_a_time():
+            result = subprocess.run(command, capture_output=True, text=True, env=clean_env(), cwd=ROOT, timeout=600)
+        # the reference's gloo workers sometimes abort while the interpreter exits, after their work is done
+        # ("terminate called without an active exception", exit -6): that run of the reference is made again, once
+        if result.returncode == 0 or "terminate called without an active exception" not in result.stderr:
+            break
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
     return result
 
