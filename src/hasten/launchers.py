@@ -74,14 +74,16 @@ def _default_start_method() -> str:
 
     if sys.platform == "win32":
         return "spawn"
-    imported = are_libraries_initialized(*DEVICE_INITIALISING_LIBRARIES) if torch.cuda.is_available() else []
+    if not torch.cuda.is_available():
+        return "fork"
+    imported = are_libraries_initialized(*DEVICE_INITIALISING_LIBRARIES)
     if imported:
         raise RuntimeError(
             "Could not start distributed process: libraries known to initialize the device upon import were imported "
             f"already ({', '.join(imported)}). Please keep these imports inside your training function, restart the "
             "notebook and launch again (or pass start_method='spawn', which does not fork this process)."
         )
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
         raise RuntimeError(
             "CUDA was already initialised in this process, so worker processes cannot be forked. Restart the "
             "notebook and call notebook_launcher before anything touches the GPU (no tensor on 'cuda', no "

@@ -316,6 +316,7 @@ def _receive_contiguous(pipe) -> None:
     its expanded attention mask from stage to stage), and torch sizes the receive buffers with the traced strides.
     The placeholders through which a stage receives from another get contiguous example values, so its buffers are
     plain; ``_schedule`` makes the sent outputs contiguous to match."""
+    import contextlib
     import operator
 
     split = pipe.split_gm
@@ -330,11 +331,7 @@ def _receive_contiguous(pipe) -> None:
             if getattr(argument, "op", None) != "call_module" or not isinstance(value, torch.Tensor):
                 continue  # a root input (cut into micro-batches here) or no tensor
             if not value.is_contiguous():
-                fake_mode = getattr(value, "fake_mode", None)
-                if fake_mode is not None:
-                    with fake_mode:
-                        placeholder.meta["val"] = value.contiguous()
-                else:
+                with getattr(value, "fake_mode", None) or contextlib.nullcontext():  # traced values are fake tensors
                     placeholder.meta["val"] = value.contiguous()
 
 

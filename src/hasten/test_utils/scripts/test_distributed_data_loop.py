@@ -179,10 +179,10 @@ def _resumed_equals_rest(accelerator, iterable: bool, through_checkpoint: bool) 
     rest, saved_at = [], 2
     with tempfile.TemporaryDirectory() as folder:
         for step, batch in enumerate(loader):
-            if step == saved_at:
-                state = None if through_checkpoint else loader.state_dict()
-                if through_checkpoint:
-                    accelerator.save_state(folder)
+            if step == saved_at and through_checkpoint:
+                accelerator.save_state(folder)
+            elif step == saved_at:
+                state = loader.state_dict()
             elif step > saved_at:
                 rest.append(batch)
         if through_checkpoint:

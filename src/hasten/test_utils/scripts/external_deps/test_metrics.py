@@ -72,7 +72,7 @@ def fresh_accelerator(split_batches=False, dispatch_batches=None) -> Accelerator
 
 def check_regression_outputs(accelerator: Accelerator, num_samples: int, batch_size: int = 16) -> None:
     set_seed(42)
-    model = accelerator.prepare(deepcopy(RegressionModel()))
+    model = accelerator.prepare(RegressionModel())
     loader = accelerator.prepare(DataLoader(RegressionDataset(length=num_samples), batch_size=batch_size))
     outputs, targets = [], []
     for batch in loader:
