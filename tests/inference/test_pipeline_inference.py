@@ -198,6 +198,19 @@ def test_traced_inputs_check_each_call():
         traced.first_stage_inputs((batch,), {})
 
 
+def test_an_input_whose_name_fx_renames_reaches_the_first_stage():
+    """nn.Sequential's input is named ``input``, which fx renames ``input_1`` inside the traced graph; the first
+    stage still receives the call's tensor (it was refused as "not among the traced model's inputs")."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+    pipe = _trace(model, ["2"], EXAMPLE, {})
+    traced = _TracedInputs(pipe, EXAMPLE, {}, num_chunks=2)
+    batch = torch.randn(4, 8)
+    first_stage = pipe.get_stage_module(0)
+    for call in (((batch,), {}), ((), {"input": batch})):
+        inputs = traced.first_stage_inputs(*call)
+        assert torch.equal(first_stage(**inputs), model[1](model[0](batch)))
+
+
 def test_an_input_used_after_a_split_point_is_refused():
     kwargs = {"scale": torch.rand(2, 1)}
     pipe = _trace(LateInput(), ["layers.2"], EXAMPLE, kwargs)
@@ -207,9 +220,8 @@ def test_an_input_used_after_a_split_point_is_refused():
 
 # ----------------------------------------------------------------------------- two processes
 def test_two_processes_match_one_process_forward():
-    """An MLP, a tiny GPT-2 and a tiny Llama (built from configs) on a 2-stage pipeline give one process's outputs
-    (the strategy conformance suite trains, so the comparison with one process lives here); refusals on every
-    process."""
+    """An MLP, a tiny GPT-2 and a tiny Llama (built from configs) on a 2-stage pipeline give one process's outputs;
+    refusals on every process. (The strategy conformance suite runs its MLP, on trained checkpoints' weights.)"""
     result = run_launch("check_pipeline_inference.py", num_processes=2)
     for process in (0, 1):
         assert f"PASSED pipeline inference on process {process}" in result.stdout, result.stdout[-3000:]

@@ -3,29 +3,38 @@
 Run by tests/strategies/test_strategy_conformance.py as ``hasten launch -n <world> check_strategy_conformance.py <strategy>
 <work folder> [checkpoint to load]``. For the strategy named (see ``STRATEGIES``):
 
-1. trains a small MLP with AdamW, gradient accumulation, gradient clipping and a scheduler on a sharded loader,
-   and checks every step's loss (gathered over the data-parallel ranks) and the final parameters against the same
-   loop in plain PyTorch on one process (``reference_run``) within ``TOLERANCE``;
+1. trains a model (the strategy's workload, ``WORKLOADS``: a small MLP, or a tiny causal language model for the
+   strategies that need attention heads) with AdamW, gradient accumulation, gradient clipping and a scheduler on a
+   sharded loader, and checks every step's loss (gathered over the data-parallel ranks) and the final parameters
+   against the same loop in plain PyTorch on one process (the workload's ``reference_run``) within ``TOLERANCE``;
 2. evaluates with ``gather_for_metrics``: every sample exactly once;
-3. saves a checkpoint (``<work>/<strategy>``) and, given another strategy's checkpoint, loads it into fresh objects
-   and checks that the weights, the optimizer state and the schedule are those of that run.
+3. saves a checkpoint (``<work>/<strategy>``) and, given another strategy's checkpoint (of the same workload),
+   loads it into fresh objects and checks that the weights, the optimizer state and the schedule are those of that
+   run.
 
 Prints ``CONFORMANCE PASSED <strategy>``.
+
+``check_strategy_conformance.py pipeline_inference <work folder> <checkpoint>`` is the pipeline-inference line: the
+MLP with the weights of another strategy's checkpoint, cut into one stage per process by ``prepare_pippy``, gives
+the outputs of the whole model on one process within ``TOLERANCE`` (prints ``PIPELINE INFERENCE PASSED``).
 """
 from __future__ import annotations
 
 import importlib.util
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import conformance_language_model as language_model  # beside this script
 from hasten import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, ParallelismConfig
-from hasten.utils import TorchTensorParallelConfig
+from hasten.utils import DeepSpeedSequenceParallelConfig, TorchTensorParallelConfig
 from hasten.strategies.deepspeed.checkpoint_reader import deepspeed_parameter_names, read_deepspeed_checkpoint
 from hasten.checkpointing.optimizer_names import by_name, by_position
 from hasten.checkpointing.sharded_files import model_weights_from_shards, optimizer_state_from_shards
@@ -66,17 +75,34 @@ if importlib.util.find_spec("deepspeed"):
                                                 "mixed_precision": "bf16"}, "DeepSpeedStrategy")
     STRATEGIES["zero2_offload"] = (2, {"deepspeed_plugin": DeepSpeedPlugin(
         zero_stage=2, offload_optimizer_device="cpu")}, "DeepSpeedStrategy")
-    # no "ds_sp2": DeepSpeed sequence parallelism (Ulysses) splits attention heads of a transformers model, not this
-    # MLP; tests/strategies/deepspeed/check_sequence_parallel.py compares it with one process within TOLERANCE
     STRATEGIES["zero3_offload"] = (2, {"deepspeed_plugin": DeepSpeedPlugin(
         zero_stage=3, offload_optimizer_device="cpu", offload_param_device="cpu")}, "DeepSpeedStrategy")
+# The language-model workload (conformance_language_model.py): one process, FSDP2, then DeepSpeed sequence
+# parallelism (ALST / Ulysses: each sequence split over 2 ranks, sdpa attention) at ZeRO-3 and ZeRO-2; their
+# checkpoints cross.
+STRATEGIES["lm_single"] = (1, {}, "SingleDeviceStrategy")
+STRATEGIES["lm_fsdp2"] = (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2)}, "FSDP2Strategy")
+if importlib.util.find_spec("deepspeed"):
+    for _name, _stage in (("ds_sp2", 3), ("ds_sp2_zero2", 2)):
+        STRATEGIES[_name] = (2, {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=_stage), "parallelism_config":
+                                 ParallelismConfig(sp_backend="deepspeed", sp_size=2, sp_handler=(
+                                     DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True,
+                                                                     sp_attn_implementation="sdpa")))},
+                             "DeepSpeedStrategy")
+LANGUAGE_MODEL_LINES = ("lm_single", "lm_fsdp2", "ds_sp2", "ds_sp2_zero2")
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32 on CPU; only the reduction order differs between strategies
 # bf16 compute and gradient reduction (8 bits of mantissa), 6 AdamW steps: losses within 2% of fp32 PyTorch's;
 # weights within lr x steps / 2, because AdamW moves a coordinate whose gradient is near zero by up to lr per
 # step whichever way rounding tips its sign.
 BF16_LOSSES, BF16_WEIGHTS = dict(rtol=2e-2, atol=2e-3), dict(rtol=0.0, atol=0.02 * 6 / 2)
+# Sequence parallelism sums each weight's gradient from the two halves of every sequence (one process: from whole
+# sequences), a float32 reordering; AdamW divides every coordinate's step by its own gradient's running size, so
+# where a gradient is near zero that noise moves the weight visibly: 6.7e-6 (ZeRO-3) and 5.3e-6 (ZeRO-2) at most,
+# measured, while the losses stay within TOLERANCE, and the same runs with SGD end within 6e-8 of one process's.
+SEQUENCE_PARALLEL_WEIGHTS = dict(rtol=1e-5, atol=2e-5)
 TOLERANCES = {"fsdp2_bf16": (BF16_LOSSES, BF16_WEIGHTS),
-              **{f"zero{stage}_bf16": (BF16_LOSSES, BF16_WEIGHTS) for stage in (0, 1, 2, 3)}}
+              **{f"zero{stage}_bf16": (BF16_LOSSES, BF16_WEIGHTS) for stage in (0, 1, 2, 3)},
+              **{name: (TOLERANCE, SEQUENCE_PARALLEL_WEIGHTS) for name in ("ds_sp2", "ds_sp2_zero2")}}
 SAMPLES, MICRO_BATCH, ACCUMULATION, MAX_NORM = 96, 4, 2, 0.5
 
 
@@ -95,25 +121,58 @@ def fresh_objects():
     return model, optimizer, scheduler
 
 
-def reference_run(dp_size: int):
+def mlp_loader() -> DataLoader:
+    return DataLoader(TensorDataset(*data()), batch_size=MICRO_BATCH)
+
+
+def mlp_loss(accelerator, model, batch) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+def reference_run(batches_per_step: int, scheduler_steps: int, accumulation: int = ACCUMULATION,
+                  max_norm: float = MAX_NORM):
     """The same training in plain PyTorch on one process: each optimizer step sees the samples that the
-    ``dp_size`` data-parallel ranks together see in one accumulation cycle (contiguous, unshuffled)."""
+    ``batches_per_step`` data-parallel ranks together see in one accumulation cycle (contiguous, unshuffled), and
+    the scheduler advances ``scheduler_steps`` (the prepared scheduler steps once per data-parallel process per
+    optimizer step: a schedule in single-process steps)."""
     inputs, targets = data()
     model, optimizer, scheduler = fresh_objects()
-    per_step = MICRO_BATCH * dp_size * ACCUMULATION
+    per_step = MICRO_BATCH * batches_per_step * accumulation
     losses = []
     for start in range(0, SAMPLES, per_step):
         x, y = inputs[start:start + per_step], targets[start:start + per_step]
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         optimizer.step()
-        # the prepared scheduler steps once per process per optimizer step (a schedule in single-process steps)
-        for _ in range(dp_size):
+        for _ in range(scheduler_steps):
             scheduler.step()
         optimizer.zero_grad()
         losses.append(loss.item())
     return model, losses
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a strategy trains: fresh (model, optimizer, scheduler), the training loader, the user's loss of one
+    batch, and the plain single-process PyTorch run it is checked against."""
+
+    fresh_objects: Callable
+    loader: Callable
+    loss: Callable
+    reference_run: Callable
+
+
+WORKLOADS = {
+    "mlp": Workload(fresh_objects, mlp_loader, mlp_loss, reference_run),
+    "language_model": Workload(language_model.fresh_objects, language_model.loader, language_model.loss,
+                               language_model.reference_run),
+}
+
+
+def workload_of(strategy: str) -> str:
+    return "language_model" if strategy in LANGUAGE_MODEL_LINES else "mlp"
 
 
 def check(condition: bool, what: str, accelerator) -> None:
@@ -125,13 +184,13 @@ def close(a: torch.Tensor, b: torch.Tensor, tolerance: dict = TOLERANCE) -> bool
     return torch.allclose(a, b, **tolerance)
 
 
-def train(accelerator, model, optimizer, scheduler, loader):
+def train(accelerator, model, optimizer, scheduler, loader, loss_of):
     """The user's loop: accumulate, backward, clip, step; returns the mean loss of each optimizer step."""
     losses, cycle = [], []
     model.train()
-    for x, y in loader:
+    for batch in loader:
         with accelerator.accumulate(model):
-            loss = nn.functional.mse_loss(model(x), y)
+            loss = loss_of(accelerator, model, batch)
             accelerator.backward(loss)
             cycle.append(loss.detach())
             if accelerator.sync_gradients:
@@ -148,19 +207,22 @@ def train(accelerator, model, optimizer, scheduler, loader):
 
 def main(strategy: str, work: Path, load_from: str | None) -> None:
     world, kwargs, expected = STRATEGIES[strategy]
+    workload = WORKLOADS[workload_of(strategy)]
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION, **kwargs)
     check(accelerator.num_processes == world, f"{strategy} runs on {world} processes", accelerator)
     chosen = type(accelerator.strategy).__name__
     check(chosen == expected, f"{strategy} selected {chosen}, not {expected}", accelerator)
+    # the prepared scheduler steps once per data-parallel process; under sequence parallelism each group of sp_size
+    # processes trains one batch after the other, so an optimizer step sees dp_size / sp_size batches
     dp_size = accelerator.strategy.data_parallel_size
+    sp_size = accelerator.parallelism_config.sp_size if accelerator.parallelism_config is not None else 1
+    # before prepare: DeepSpeed's Ulysses replaces transformers' attention for the whole process
+    reference, reference_losses = workload.reference_run(dp_size // sp_size, dp_size, ACCUMULATION, MAX_NORM)
 
-    inputs, targets = data()
-    model, optimizer, scheduler = fresh_objects()
-    loader = DataLoader(TensorDataset(inputs, targets), batch_size=MICRO_BATCH)
-    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
-    losses = train(accelerator, model, optimizer, scheduler, loader)
+    model, optimizer, scheduler = workload.fresh_objects()
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, workload.loader())
+    losses = train(accelerator, model, optimizer, scheduler, loader, workload.loss)
 
-    reference, reference_losses = reference_run(dp_size)
     check(len(losses) == len(reference_losses), f"{len(losses)} optimizer steps, reference {len(reference_losses)}",
           accelerator)
     tolerance, weight_tolerance = TOLERANCES.get(strategy, (TOLERANCE, TOLERANCE))
@@ -184,7 +246,7 @@ def main(strategy: str, work: Path, load_from: str | None) -> None:
     accelerator.wait_for_everyone()
 
     if load_from is not None:
-        check_loads(accelerator, work / load_from, strategy, load_from)
+        check_loads(accelerator, work / load_from, strategy, load_from, workload)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         print(f"CONFORMANCE PASSED {strategy} (saved {saved})", flush=True)
@@ -210,14 +272,13 @@ def saved_optimizer(folder: Path, names: list) -> dict:
     return optimizer_state_from_shards(folder / "optimizer_0", names)
 
 
-def check_loads(accelerator, folder: Path, strategy: str, other: str) -> None:
+def check_loads(accelerator, folder: Path, strategy: str, other: str, workload: Workload) -> None:
     """Load another strategy's checkpoint into fresh objects and compare, on the main process, the full weights,
     optimizer state and schedule with those the checkpoint holds (full files or shards, whichever it has)."""
     accelerator.free_memory()  # forget the objects trained above: the fresh ones take their places
-    model, optimizer, scheduler = fresh_objects()
+    model, optimizer, scheduler = workload.fresh_objects()
     # a loader too: the checkpoint holds one loader's position (and DeepSpeed sizes its batches from it)
-    model, optimizer, scheduler, _ = accelerator.prepare(
-        model, optimizer, scheduler, DataLoader(TensorDataset(*data()), batch_size=MICRO_BATCH))
+    model, optimizer, scheduler, _ = accelerator.prepare(model, optimizer, scheduler, workload.loader())
     accelerator.load_state(folder)
     # DeepSpeed: the fp32 master weights (the module's own may be 16-bit copies of them)
     master = getattr(accelerator.strategy, "master_model_state_dict", None)
@@ -244,5 +305,34 @@ def check_loads(accelerator, folder: Path, strategy: str, other: str) -> None:
         print(f"ok: {strategy} loaded {other}'s checkpoint", flush=True)
 
 
+def pipeline_inference(work: Path, load_from: str) -> None:
+    """The MLP with the weights of ``load_from``'s checkpoint, cut at its second Linear into one stage per process
+    (``prepare_pippy``, 2 processes), gives the whole model's outputs on one process; every process receives them."""
+    from hasten import PartialState
+    from hasten.inference import prepare_pippy
+
+    state = PartialState(cpu=True)
+    model = fresh_objects()[0].eval()
+    model.load_state_dict(saved_weights(work / load_from))
+    inputs = data()[0]
+    with torch.no_grad():
+        expected = model(inputs)
+    chunks = state.num_processes
+    pipelined = prepare_pippy(model, split_points=["2"], example_args=(inputs[: len(inputs) // chunks],),
+                              gather_output=True)
+    with torch.no_grad():
+        output = pipelined(inputs)
+    if output is None or not close(output, expected):
+        raise AssertionError(f"[process {state.process_index}] the pipeline's output differs from the whole model's "
+                             f"on {load_from}'s weights" + ("" if output is None else
+                                                            f" by {(output - expected).abs().max().item():.2e}"))
+    state.wait_for_everyone()
+    if state.is_main_process:
+        print(f"PIPELINE INFERENCE PASSED on {load_from}'s weights ({state.num_processes} stages)", flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
+    if sys.argv[1] == "pipeline_inference":
+        pipeline_inference(Path(sys.argv[2]), sys.argv[3])
+    else:
+        main(sys.argv[1], Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)

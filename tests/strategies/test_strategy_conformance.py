@@ -2,7 +2,9 @@
 saved under one strategy loads under another (tests/strategies/check_strategy_conformance.py does the work).
 
 Each backend adds itself with one line in the script's STRATEGIES table; the chain below then runs it after the
-ones before, loading the previous strategy's checkpoint, and the first strategy loads the last one's.
+ones before of its workload (the MLP, or the language model of the strategies that need attention heads), loading
+the previous one's checkpoint, and the first strategy of each workload loads the last one's. Pipeline-parallel
+inference runs the MLP on the weights of checkpoints of several layouts.
 """
 import sys
 from pathlib import Path
@@ -12,9 +14,24 @@ from helpers import run_launch
 
 HERE = Path(__file__).resolve().parent  # the scripts these tests launch live beside them
 sys.path.insert(0, str(HERE))
-from check_strategy_conformance import STRATEGIES  # noqa: E402
+from check_strategy_conformance import STRATEGIES, workload_of  # noqa: E402
 
 ORDER = list(STRATEGIES)
+
+
+def previous_of(position: int) -> list:
+    """The strategy before ``ORDER[position]`` with the same workload (its checkpoint is loaded), if any."""
+    workload = workload_of(ORDER[position])
+    earlier = [name for name in ORDER[:position] if workload_of(name) == workload]
+    return earlier[-1:]
+
+
+def chains() -> list:
+    """(first, last) strategy of each workload."""
+    ends = {}
+    for name in ORDER:
+        ends.setdefault(workload_of(name), [name, name])[1] = name
+    return [tuple(pair) for pair in ends.values()]
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +50,15 @@ def _marked(position: int):
 def test_strategy_matches_single_process_pytorch_and_loads_the_previous_checkpoint(work, position):
     strategy = ORDER[position]
     world = STRATEGIES[strategy][0]
-    previous = [ORDER[position - 1]] if position else []
+    previous = previous_of(position)
     result = run_launch("check_strategy_conformance.py", strategy, work, *previous, num_processes=world)
     assert f"CONFORMANCE PASSED {strategy}" in result.stdout, result.stdout
     if previous:
         assert f"ok: {strategy} loaded {previous[0]}'s checkpoint" in result.stdout
 
 
-def test_the_first_strategy_loads_the_last_strategys_checkpoint(work):
-    first, last = ORDER[0], ORDER[-1]
+@pytest.mark.parametrize("first, last", chains(), ids=[workload_of(first) for first, _ in chains()])
+def test_the_first_strategy_loads_the_last_strategys_checkpoint(work, first, last):
     if not (work / last).is_dir():  # run alone: produce the last strategy's checkpoint first
         run_launch("check_strategy_conformance.py", last, work, num_processes=STRATEGIES[last][0])
     result = run_launch("check_strategy_conformance.py", first, work, last, num_processes=STRATEGIES[first][0])
@@ -63,3 +80,17 @@ def test_a_checkpoint_loads_on_another_number_of_processes(work, strategy, other
     result = run_launch("check_strategy_conformance.py", strategy, work, other,
                         num_processes=STRATEGIES[strategy][0])
     assert f"ok: {strategy} loaded {other}'s checkpoint" in result.stdout, result.stdout
+
+
+# Pipeline-parallel inference (prepare_pippy, one stage per process) on the weights of full files, FSDP2 shards and a
+# ZeRO-3 engine's own partitions: the whole model's outputs on one process.
+PIPELINE_WEIGHTS = ["single", "fsdp2"] + (["zero3"] if "zero3" in STRATEGIES else [])
+
+
+@pytest.mark.parametrize("other", [pytest.param(name, marks=[pytest.mark.deepspeed] if name == "zero3" else [])
+                                   for name in PIPELINE_WEIGHTS])
+def test_pipeline_inference_on_a_checkpoints_weights_equals_the_whole_model(work, other):
+    if not (work / other).is_dir():  # run alone: produce the checkpoint first
+        run_launch("check_strategy_conformance.py", other, work, num_processes=STRATEGIES[other][0])
+    result = run_launch("check_strategy_conformance.py", "pipeline_inference", work, other, num_processes=2)
+    assert f"PIPELINE INFERENCE PASSED on {other}'s weights (2 stages)" in result.stdout, result.stdout

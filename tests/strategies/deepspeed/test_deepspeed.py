@@ -45,6 +45,12 @@ def test_a_config_file_selecting_deepspeed_trains_one_process_with_it(tmp_path):
     assert "TRAINED WITH DeepSpeedStrategy 1" in result.stdout, result.stdout + result.stderr
 
 
+def run_alone(script) -> subprocess.CompletedProcess:
+    """``python script`` in its folder, without a launcher (one process, DeepSpeed's own single-process set-up)."""
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=clean_env(),
+                          cwd=script.parent, timeout=240)
+
+
 def test_one_process_without_a_launcher_trains_with_deepspeed(tmp_path):
     script = tmp_path / "alone.py"
     script.write_text(
@@ -56,8 +62,7 @@ def test_one_process_without_a_launcher_trains_with_deepspeed(tmp_path):
         "DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2))\n"
         "for x, y in loader:\n    accelerator.backward(((model(x) - y) ** 2).mean())\n    optimizer.step()\n"
         "accelerator.save_state('ckpt')\nprint('ALONE', model.zero_optimization_stage(), accelerator.num_processes)\n")
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=clean_env(),
-                            cwd=tmp_path, timeout=240)
+    result = run_alone(script)
     assert "ALONE 3 1" in result.stdout, result.stdout + result.stderr
     assert (tmp_path / "ckpt" / "pytorch_model").is_dir()
 
@@ -349,3 +354,33 @@ def test_a_dummy_scheduler_without_warm_up_fills_the_smallest_warm_up_deepspeed_
     config = resolved_config(plugin, model=model, optimizer=optimizer,
                              scheduler=DummyScheduler(optimizer, warmup_num_steps=5), loaders=[_loader(2)])
     assert config["scheduler"]["params"]["warmup_num_steps"] == 5
+
+
+def test_full_files_load_into_an_engine_whose_model_has_non_persistent_buffers(tmp_path):
+    """A rotary embedding's ``inv_freq`` (transformers' Llama, Qwen ...) is a non-persistent buffer: state dicts never
+    hold it, and loading a one-process checkpoint into a DeepSpeed engine asked for it ("The state to load has no
+    'rotary.inv_freq'"). Saved by a plain Accelerator, loaded under ZeRO-2 and ZeRO-3 in one process."""
+    script = tmp_path / "buffers.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from hasten import Accelerator, DeepSpeedPlugin\nfrom hasten.state import AcceleratorState\n"
+        "class Rotary(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.layer = torch.nn.Linear(4, 4)\n"
+        "        self.register_buffer('inv_freq', torch.arange(4.0), persistent=False)\n"
+        "        self.register_buffer('kept', torch.ones(4))\n"
+        "    def forward(self, x):\n        return self.layer(x * self.inv_freq * self.kept)\n"
+        "def objects():\n    torch.manual_seed(0)\n    model = Rotary()\n"
+        "    return model, torch.optim.SGD(model.parameters(), lr=0.1), "
+        "DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)\n"
+        "accelerator = Accelerator(cpu=True)\nmodel, optimizer, _ = accelerator.prepare(*objects())\n"
+        "with torch.no_grad():\n    model.layer.weight.mul_(3)\n    model.kept.fill_(2)\n"
+        "accelerator.save_state('plain')\nsaved = {k: v.clone() for k, v in model.state_dict().items()}\n"
+        "for stage in (2, 3):\n    AcceleratorState._reset_state(True)\n"
+        "    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage))\n"
+        "    model, optimizer, _ = accelerator.prepare(*objects())\n    accelerator.load_state('plain')\n"
+        "    loaded = accelerator.get_state_dict(model)\n"
+        "    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved), stage\n"
+        "    print('LOADED UNDER ZERO', stage, flush=True)\n")
+    result = run_alone(script)
+    assert "LOADED UNDER ZERO 2" in result.stdout and "LOADED UNDER ZERO 3" in result.stdout, \
+        result.stdout + result.stderr[-4000:]

@@ -2,9 +2,10 @@
 against one process (check_sequence_parallel.py, launched from a config file), and what is refused before
 DeepSpeed makes any group.
 
-Not in the conformance suite (tests/strategies/check_strategy_conformance.py): its model is an MLP without attention
-heads or a transformers config, which Ulysses cannot split. The launched check compares with one process's training
-itself, within the suite's TOLERANCE, at ZeRO stages 1, 2 and 3 and with gradient accumulation.
+The conformance suite (tests/strategies/check_strategy_conformance.py) trains its language-model workload under
+ZeRO-3 and ZeRO-2 with sp_size=2 (lines ds_sp2, ds_sp2_zero2) with AdamW and crosses checkpoints with one process;
+the launched check here compares with one process's SGD training, within the suite's TOLERANCE, at ZeRO stages 1, 2
+and 3, with gradient accumulation, from a config file, and resumes exactly.
 """
 import importlib.util
 

@@ -18,6 +18,8 @@ from typing import Optional
 
 import torch
 
+from ...big_modeling.module_tensors import get_non_persistent_buffers
+
 __all__ = ["full_optimizer_state", "load_full_state", "engine_kind", "full_model_state", "expected_model_state",
            "undo_warmup_step"]
 
@@ -150,7 +152,9 @@ def load_full_state(engine, model_state: Optional[dict], optimizer_state: Option
     kind = engine_kind(engine)
     if model_state is not None:
         named = dict(module.named_parameters())
-        buffers = dict(module.named_buffers())
+        # the buffers a state dict holds: non-persistent ones (a rotary embedding's inv_freq) are never saved
+        transient = get_non_persistent_buffers(module, recurse=True, fqns=True)
+        buffers = {name: buffer for name, buffer in module.named_buffers() if name not in transient}
         if kind == "zero3":
             with deepspeed.zero.GatheredParameters(list(named.values()), modifier_rank=0):
                 _copy_into(named, buffers, model_state, strict)

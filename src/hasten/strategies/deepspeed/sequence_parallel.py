@@ -187,11 +187,16 @@ _ADAPTER: list = []
 
 
 def _adapter_class():
-    """DeepSpeed's ``UlyssesSPDataLoaderAdapter``, telling hasten's loader its end on the right micro-batch.
+    """DeepSpeed's ``UlyssesSPDataLoaderAdapter``, telling hasten's loader its end on the right micro-batch, with
+    contiguous tensors.
 
     The adapter takes one batch from the loader it wraps and yields sp_size micro-batches from it, so that loader
     says "last batch" (``end_of_dataloader``, which ends an accumulation cycle) sp_size micro-batches early; here it
     says so on the adapter's last micro-batch only.
+
+    Each micro-batch's tensors are this rank's columns of the gathered batch: views, whose ``.cpu()`` copies them
+    only when they come from an accelerator. On a CPU, with more than one sequence per batch, they stay
+    non-contiguous and transformers' loss (``shift_labels.view(-1)``) fails, so they are made contiguous here.
     """
     if not _ADAPTER:
         from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
@@ -202,6 +207,7 @@ def _adapter_class():
             def __next__(self):
                 refilled = not self.micro_batches
                 batch = super().__next__()
+                batch = {key: value.contiguous() if torch.is_tensor(value) else value for key, value in batch.items()}
                 if hasattr(self.dl, "end_of_dataloader"):
                     if refilled:
                         self._source_ended = bool(self.dl.end_of_dataloader)

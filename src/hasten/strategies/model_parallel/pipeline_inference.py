@@ -241,9 +241,17 @@ class _TracedInputs:
                 f"after the modules that use them, or compute with them before the first split point.")
         self.signature = inspect.Signature([inspect.Parameter(node.target, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                                             for node in placeholders])
-        first_graph = pipe.split_gm.get_submodule(stages[0].target).graph
-        self.first_stage = [node.target for node in first_graph.nodes if node.op == "placeholder"]
-        unmatched = [name for name in self.first_stage if name not in self.signature.parameters]
+        # {the first stage's keyword: the model input it receives}. The stage's graph names its inputs after the
+        # traced graph's nodes, which fx renames where a name is taken (nn.Sequential's ``input`` becomes node
+        # ``input_1``), while the stage's forward may keep the original names: its signature gives the keywords,
+        # its graph's inputs (in the same order) the nodes
+        first = pipe.split_gm.get_submodule(stages[0].target)
+        nodes = [node.target for node in first.graph.nodes if node.op == "placeholder"]
+        keywords = list(inspect.signature(first.forward).parameters)
+        keywords = keywords if len(keywords) == len(nodes) else nodes
+        model_input = {node.name: node.target for node in placeholders}
+        self.first_stage = {keyword: model_input.get(node) for keyword, node in zip(keywords, nodes)}
+        unmatched = [name for name, source in self.first_stage.items() if source is None]
         if unmatched:
             raise ValueError(f"The first pipeline stage takes inputs {unmatched} that are not among the traced "
                              f"model's inputs {list(self.signature.parameters)}; this model cannot be pipelined "
@@ -263,19 +271,19 @@ class _TracedInputs:
     def first_stage_inputs(self, args, kwargs) -> dict:
         """The first stage's keyword inputs for this call; refused unless shaped like ``num_chunks`` examples."""
         given = self.bind(args, kwargs, "The call").arguments
-        batch = find_pippy_batch_size((), {name: given[name] for name in self.first_stage})
+        batch = find_pippy_batch_size((), {name: given[name] for name in self.first_stage.values()})
         if batch is not None:
             _check_divides(batch, self.num_chunks)
         for name, value in given.items():
             expected = self.example[name]
-            if name in self.first_stage:
+            if name in self.first_stage.values():
                 self._check_shapes(name, value, expected)
             elif not _tensors(value) and not _tensors(expected) and not _same_value(value, expected):
                 raise PipelineInputError(
                     f"The input {name!r} was {expected!r} in the example and is {value!r} now: a value that is not a "
                     f"tensor is fixed when the model is traced. Prepare the model with example inputs holding "
                     f"{value!r}.")
-        return {name: given[name] for name in self.first_stage}
+        return {stage_name: given[name] for stage_name, name in self.first_stage.items()}
 
     def _check_shapes(self, name: str, value, expected) -> None:
         got, traced = _tensors(value), _tensors(expected)
