@@ -1,5 +1,5 @@
 """Local stand-ins for what the external_deps scripts read from the Hub, built from configs (no downloads): a tiny
-BERT sequence classifier with its tokenizer, a tiny Llama and a tiny GPT-2, each saved by save_pretrained, and an
+BERT sequence classifier with its tokenizer, a tiny Llama (and a Llama sequence classifier), a tiny GPT-2, each saved by save_pretrained, and an
 MRPC-shaped data set whose label a small model learns in a few steps (the first word of the second sentence says
 it: "alpha" for 1, "beta" for 0)."""
 from __future__ import annotations
@@ -36,6 +36,22 @@ def tiny_llama(folder: Path) -> Path:
     config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def tiny_llama_classifier(folder: Path) -> Path:
+    """LlamaForSequenceClassification (2 layers, 4 heads, no pad token: ``--add_pad_token`` sets one) with the word-level
+    tokenizer of ``tiny_bert`` (input ids and attention mask only), for the tensor-parallel run."""
+    from transformers import BertTokenizerFast, LlamaConfig, LlamaForSequenceClassification
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(SPECIAL + WORDS) + "\n")
+    BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True,
+                      model_input_names=["input_ids", "attention_mask"]).save_pretrained(folder)
+    config = LlamaConfig(vocab_size=len(SPECIAL) + len(WORDS), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, num_labels=2, pad_token_id=None)
+    LlamaForSequenceClassification(config).save_pretrained(folder)
     return folder
 
 

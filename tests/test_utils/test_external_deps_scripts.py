@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ROOT, clean_env, run_launch
-from offline_hub import mrpc_like, tiny_bert, tiny_gpt2, tiny_llama
+from offline_hub import mrpc_like, tiny_bert, tiny_gpt2, tiny_llama, tiny_llama_classifier
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
@@ -28,7 +28,7 @@ LEARNS = ["--lr", "3e-3", "--batch_size", "8"]
 def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("offline_hub")
     return {"bert": tiny_bert(root / "bert"), "mrpc": mrpc_like(root / "mrpc"), "llama": tiny_llama(root / "llama"),
-            "gpt2": tiny_gpt2(root / "gpt2")}
+            "gpt2": tiny_gpt2(root / "gpt2"), "llama_classifier": tiny_llama_classifier(root / "llama_classifier")}
 
 
 def mrpc_args(hub, output: Path) -> list:
@@ -56,6 +56,16 @@ def test_performance_under_fsdp2_learns_checks_the_schedule_and_saves_the_model(
     results = json.loads((tmp_path / "all_results.json").read_text())
     assert sorted(results) == ["epoch-0", "epoch-1", "epoch-2"] and max(results.values()) >= 0.9
     assert (tmp_path / "model.safetensors").is_file()
+
+
+def test_performance_under_tensor_parallelism_checks_a_schedule_that_steps_once_per_data_parallel_rank(hub, tmp_path):
+    """Accelerate's TP suite's flags (transformers' plan, 2 processes, one tensor-parallel group): both ranks train on
+    the same batches, so the scheduler advances once per step (the script checks the learning rate after the first
+    step and at the end) and the run ends where the schedule does."""
+    run_launch(SCRIPTS / "test_performance.py", "--model_name_or_path", hub["llama_classifier"], "--dataset_dir",
+               hub["mrpc"], "--output_dir", tmp_path, "--add_pad_token=true", "--tp_plan=auto", "--tp_size=2",
+               "--num_epochs=1", *LEARNS)
+    assert list(json.loads((tmp_path / "all_results.json").read_text())) == ["epoch-0"]
 
 
 def test_performance_below_its_lower_bound_fails(hub, tmp_path):

@@ -3,8 +3,10 @@ parallelism) and check that it learns: Accelerate's backend suites launch this f
 
 Checks, on every process: with full precision and a linear schedule (transformers' ``get_linear_schedule_with_warmup``,
 when the DeepSpeed config names no scheduler), the learning rate after the first
-optimizer step is ``lr * (1 - 1 / steps per process)`` and 0 after the last (the schedule was written for the whole
-data set, and the prepared scheduler advances once per process at each step); the best validation accuracy reaches
+optimizer step is ``lr * (1 - 1 / steps per data-parallel process)`` and 0 after the last (the schedule was written
+for the whole data set, and the prepared scheduler advances once per data-parallel process at each step: once per
+process, except under tensor parallelism, where the ranks of a tensor-parallel group share their batches and
+Accelerate's schedule would run that many times too fast); the best validation accuracy reaches
 ``--performance_lower_bound`` when given; ``save_model`` writes ``model.safetensors`` into ``--output_dir``
 (except under a transformers tensor-parallel plan). The accuracy of each epoch goes to
 ``<output_dir>/all_results.json``.
@@ -64,8 +66,10 @@ def train(args) -> None:
         model, optimizer, train_loader, eval_loader, schedule)
 
     check_lr = decays_linearly and accelerator.state.mixed_precision == "no"
-    steps_per_process = total_steps / accelerator.num_processes / accelerator.gradient_accumulation_steps
-    expected_first_lr = args.lr * (1 - 1 / steps_per_process)
+    # the processes that each read their own batches: the prepared scheduler advances that many steps per step
+    readers = getattr(schedule, "data_parallel_size", None) or accelerator.num_processes
+    steps_per_reader = total_steps / readers / accelerator.gradient_accumulation_steps
+    expected_first_lr = args.lr * (1 - 1 / steps_per_reader)
     first_lr_checked = False
     step_context = contextlib.nullcontext
     if args.tp_plan is not None:
