@@ -23,7 +23,7 @@ from hasten.utils import set_seed
 SAMPLES, SEQUENCE, VOCABULARY, MICRO_BATCH = 32, 16, 64, 2
 
 
-def fresh_objects(lr: float = 0.02):
+def fresh_objects():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     set_seed(7)
@@ -31,7 +31,7 @@ def fresh_objects(lr: float = 0.02):
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQUENCE,
                          tie_word_embeddings=False, attn_implementation="sdpa")
     model = LlamaForCausalLM(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.7)
     return model, optimizer, scheduler
 

@@ -1,12 +1,16 @@
 """Local stand-ins for what the external_deps scripts read from the Hub, built from configs (no downloads): a tiny
-BERT sequence classifier with its tokenizer, a tiny Llama (and a Llama sequence classifier), a tiny GPT-2, each saved by save_pretrained, and an
-MRPC-shaped data set whose label a small model learns in a few steps (the first word of the second sentence says
-it: "alpha" for 1, "beta" for 0)."""
+BERT sequence classifier with its tokenizer, a tiny Llama (and a Llama sequence classifier), a tiny GPT-2, each
+saved by save_pretrained, and an MRPC-shaped data set whose label a small model learns in a few steps (the first
+word of the second sentence says it: "alpha" for 1, "beta" for 0). Each model's weights come from a fixed seed, so
+every run trains the same stand-ins (the random ones of an unseeded process sometimes left a classifier predicting
+one class)."""
 from __future__ import annotations
 
 import json
 import random
 from pathlib import Path
+
+import torch
 
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta", "lambda", "zeta", "rho", "tau"]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -14,6 +18,7 @@ SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 def tiny_bert(folder: Path) -> Path:
     """BertForSequenceClassification (2 layers of 32) and a word-level tokenizer over WORDS."""
+    torch.manual_seed(0)
     from transformers import (
         BertConfig,
         BertForSequenceClassification,
@@ -31,6 +36,7 @@ def tiny_bert(folder: Path) -> Path:
 
 def tiny_llama(folder: Path) -> Path:
     """LlamaForCausalLM (2 layers, 4 heads) with sdpa attention, and no tokenizer (the scripts build token ids)."""
+    torch.manual_seed(0)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -40,8 +46,9 @@ def tiny_llama(folder: Path) -> Path:
 
 
 def tiny_llama_classifier(folder: Path) -> Path:
-    """LlamaForSequenceClassification (2 layers, 4 heads, no pad token: ``--add_pad_token`` sets one) with the word-level
-    tokenizer of ``tiny_bert`` (input ids and attention mask only), for the tensor-parallel run."""
+    """LlamaForSequenceClassification (2 layers, 4 heads, no pad token: ``--add_pad_token`` sets one) with the
+    word-level tokenizer of ``tiny_bert`` (input ids and attention mask only), for the tensor-parallel run."""
+    torch.manual_seed(0)
     from transformers import BertTokenizerFast, LlamaConfig, LlamaForSequenceClassification
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -57,6 +64,7 @@ def tiny_llama_classifier(folder: Path) -> Path:
 
 def tiny_gpt2(folder: Path) -> Path:
     """GPT2Model with 2 layers of 32."""
+    torch.manual_seed(0)
     from transformers import GPT2Config, GPT2Model
 
     GPT2Model(GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=128, n_positions=64, bos_token_id=0, eos_token_id=0)).save_pretrained(folder)
