@@ -16,18 +16,22 @@ WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta", 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def tiny_bert(folder: Path) -> Path:
-    """BertForSequenceClassification (2 layers of 32) and a word-level tokenizer over WORDS."""
-    torch.manual_seed(0)
-    from transformers import (
-        BertConfig,
-        BertForSequenceClassification,
-        BertTokenizerFast,
-    )
+def word_tokenizer(folder: Path, **options) -> None:
+    """Saves into ``folder`` (made if missing) a lower-casing word-level tokenizer whose vocabulary is SPECIAL and
+    WORDS; ``options`` go to ``BertTokenizerFast``."""
+    from transformers import BertTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.txt").write_text("\n".join(SPECIAL + WORDS) + "\n")
-    BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(folder)
+    BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True, **options).save_pretrained(folder)
+
+
+def tiny_bert(folder: Path) -> Path:
+    """BertForSequenceClassification (2 layers of 32) and a word-level tokenizer over WORDS."""
+    torch.manual_seed(0)
+    from transformers import BertConfig, BertForSequenceClassification
+
+    word_tokenizer(folder)
     config = BertConfig(vocab_size=len(SPECIAL) + len(WORDS), hidden_size=32, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=64, num_labels=2)
     BertForSequenceClassification(config).save_pretrained(folder)
@@ -49,12 +53,9 @@ def tiny_llama_classifier(folder: Path) -> Path:
     """LlamaForSequenceClassification (2 layers, 4 heads, no pad token: ``--add_pad_token`` sets one) with the
     word-level tokenizer of ``tiny_bert`` (input ids and attention mask only), for the tensor-parallel run."""
     torch.manual_seed(0)
-    from transformers import BertTokenizerFast, LlamaConfig, LlamaForSequenceClassification
+    from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(SPECIAL + WORDS) + "\n")
-    BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True,
-                      model_input_names=["input_ids", "attention_mask"]).save_pretrained(folder)
+    word_tokenizer(folder, model_input_names=["input_ids", "attention_mask"])
     config = LlamaConfig(vocab_size=len(SPECIAL) + len(WORDS), hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=64, num_labels=2, pad_token_id=None)
