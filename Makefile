@@ -10,7 +10,7 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP := $(VENV)/.installed-test
 TEST_EXTRAS ?= test,reference,stateful,fp8,deepspeed,bnb,trackers,report,ecosystem
 
-.PHONY: demo test test-unit test-distributed bench venv clean
+.PHONY: demo test test-fast bench venv clean
 
 venv: $(TEST_STAMP)
 
@@ -28,11 +28,16 @@ $(TEST_STAMP): $(RUNTIME_STAMP)
 demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/hasten launch -n 2 examples/demo.py
 
-# DeepSpeed compiles its CPU ops on first use: once per build folder (one CI run), then reused
-export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/build/torch_extensions
+# DeepSpeed compiles its CPU ops on first use into torch's extension cache (TORCH_EXTENSIONS_DIR, by default
+# ~/.cache/torch_extensions): once per machine and version, not once per clone (torch rebuilds an op whose sources
+# or flags changed)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest tests
+
+# the inner loop: the tests that start no process and import no large optional library (tests/suite_markers.py)
+test-fast: $(TEST_STAMP)
+	$(PY) -m pytest tests -m "not launches and not heavy"
 
 bench: $(TEST_STAMP)
 	$(PY) bench/run_all.py

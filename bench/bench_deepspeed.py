@@ -20,7 +20,7 @@ Each variant runs in its own launch, so that the peak RSS of a rank is its own:
 
 BENCH_STEPS (training steps per memory variant), BENCH_PAIRS (paired steps) and BENCH_SAVES (saves of each kind)
 shorten or lengthen the run (about 5 minutes with the defaults on 2 cores).
-DeepSpeed's CPU ops are compiled once into TORCH_EXTENSIONS_DIR (default here: build/torch_extensions).
+DeepSpeed's CPU ops are compiled once into torch's extension cache (TORCH_EXTENSIONS_DIR, ~/.cache/torch_extensions).
 """
 from __future__ import annotations
 

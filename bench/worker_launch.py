@@ -30,7 +30,6 @@ def launch_worker(script: str, worker: str, extra_env: Optional[dict] = None, la
     label = label or worker
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / "build" / "torch_extensions"))  # DeepSpeed's compiled ops
     env.update(extra_env or {})
     out = Path(tempfile.gettempdir()) / f"hasten-bench-{Path(script).stem}-{os.getpid()}-{label}.json"
     command = [sys.executable, "-m", "hasten", "launch", "-n", "2", script, "--worker", worker, str(out)]

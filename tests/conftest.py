@@ -5,9 +5,17 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# DeepSpeed compiles its CPU ops on first use: into the build folder, once, reused by every launched test
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[1] / "build" / "torch_extensions"))
 
+from suite_markers import mark_items  # noqa: E402
+from suite_timing import SuiteTiming  # noqa: E402
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(SuiteTiming(), "hasten-suite-timing")
+
+
+def pytest_collection_modifyitems(config, items):
+    mark_items(items)  # launches / heavy, read from each test's code (suite_markers.py)
 # Tests must never think they were launched: drop launcher variables inherited from a shell (and Accelerate's
 # ACCELERATE_* aliases of the HASTEN_* ones).
 for _key in list(os.environ):

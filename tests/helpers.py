@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from warm_launch import warm_launch, warm_torchrun
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 _LOCK = Path(os.environ.get("HASTEN_TEST_LOCK", "/tmp/hasten-multiprocess-tests.lock"))
@@ -43,27 +45,51 @@ def script_path(name: str) -> Path:
 
 
 def run_launch(script, *script_args, num_processes: int | None = 2, launch_args=(), timeout: float = 240,
-               env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+               env: dict | None = None, check: bool = True, warm: bool = True,
+               preload: tuple = ()) -> subprocess.CompletedProcess:
     """Run ``hasten launch [-n N] [launch_args] script [script_args]`` and return the finished process.
 
     ``script`` is a path or the file name of a script beside the tests that launch it, anywhere under tests/
-    (``script_path``; a module name when ``-m`` is among ``launch_args``). ``num_processes=None`` leaves ``-n`` out (e.g. a config file decides). With ``check`` a
-    non-zero exit fails the test and shows the job's output.
+    (``script_path``; a module name when ``-m`` is among ``launch_args``). ``num_processes=None`` leaves ``-n`` out
+    (e.g. a config file decides). With ``check`` a non-zero exit fails the test and shows the job's output.
+
+    With ``warm`` (the default) the workers are forked from a process that already imported torch and hasten (and
+    the modules in ``preload``, which the script imports at its start anyway), planned by hasten launch's own code:
+    see ``warm_launch``. ``warm=False`` is for the tests whose subject is the launcher itself.
     """
     target = str(script)
     is_module = "-m" in launch_args or "--module" in launch_args
     if not is_module and not Path(target).is_absolute() and not Path(target).exists():
         target = str(script_path(target))
     layout = ["-n", str(num_processes)] if num_processes is not None else []
-    command = [sys.executable, "-m", "hasten", "launch", *layout, *launch_args, target, *map(str, script_args)]
+    launch_argv = [*layout, *launch_args, target, *map(str, script_args)]
+    command = [sys.executable, "-m", "hasten", "launch", *launch_argv]
+    env = env if env is not None else clean_env()
     with _one_multiprocess_job_at_a_time():
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                                env=env if env is not None else clean_env(), cwd=ROOT)
+        result = warm_launch(launch_argv, env, ROOT, timeout, preload) if warm else None
+        if result is None:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     if check and result.returncode != 0:
         raise AssertionError(
             f"{' '.join(command)} exited with {result.returncode}\n--- stdout\n{result.stdout[-6000:]}\n"
             f"--- stderr\n{result.stderr[-10000:]}"
         )
+    return result
+
+
+def run_torchrun(script, *script_args, num_processes: int = 2, timeout: float = 600, env: dict | None = None,
+                 preload: tuple = ()) -> subprocess.CompletedProcess:
+    """Run ``torchrun --nproc_per_node N script [script_args]`` (the reference library's side of a comparison) and
+    return the finished process, not checked. Warm, as ``run_launch`` (``warm_launch.warm_torchrun``)."""
+    script = str(script_path(script) if not Path(str(script)).is_absolute() else script)
+    arguments = list(map(str, script_args))
+    env = env if env is not None else clean_env()
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(num_processes), script,
+               *arguments]
+    with _one_multiprocess_job_at_a_time():
+        result = warm_torchrun(script, arguments, num_processes, env, ROOT, timeout, preload)
+        if result is None:
+            result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
     return result
 
 
@@ -106,3 +132,9 @@ def python_with_site(mirror: Path) -> list:
                  f"site.addsitedir({str(mirror)!r}); script = sys.argv[1]; sys.argv = sys.argv[1:]; "
                  "sys.path.insert(0, __import__('os').path.dirname(script)); runpy.run_path(script, run_name='__main__')")
     return [sys.executable, "-S", "-c", bootstrap]
+
+
+def run_real_launch(script, *script_args, **options) -> subprocess.CompletedProcess:
+    """``run_launch`` through a real ``hasten launch`` process (torchrun's agent starts fresh workers): for the tests
+    whose subject is the launcher itself."""
+    return run_launch(script, *script_args, warm=False, **options)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import yaml
-from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env, run_launch
+from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env, run_real_launch
 
 HERE = Path(__file__).resolve().parent  # the scripts these tests launch live beside them
 
@@ -37,7 +37,7 @@ def usable_cores():
 
 
 def test_two_processes_get_ranks_and_settings(tmp_path):
-    result = run_launch(
+    result = run_real_launch(
         "check_launch_env.py", "--world", "2", "--threads", "1", "--label", "two words",
         "--env", "HASTEN_MIXED_PRECISION=bf16", "--env", "HASTEN_GRADIENT_ACCUMULATION_STEPS=4",
         "--env", "HASTEN_DEBUG_MODE=true", "--env", "HASTEN_DYNAMO_BACKEND=NO",
@@ -52,14 +52,14 @@ def test_two_processes_get_ranks_and_settings(tmp_path):
 
 def test_four_processes_on_a_cpu_only_machine(tmp_path):
     threads = max(1, usable_cores() // 4)
-    result = run_launch("check_launch_env.py", "--world", "4", "--threads", str(threads), "--env", "HASTEN_USE_CPU=",
+    result = run_real_launch("check_launch_env.py", "--world", "4", "--threads", str(threads), "--env", "HASTEN_USE_CPU=",
                         num_processes=4, env=isolated_env(tmp_path))
     assert "check_launch_env OK: 4 processes, MULTI_CPU" in result.stdout
 
 
 def test_a_failing_rank_ends_the_job_quickly_with_its_traceback(tmp_path):
     start = time.monotonic()
-    result = run_launch("fail_one_rank.py", num_processes=2, env=isolated_env(tmp_path), check=False)
+    result = run_real_launch("fail_one_rank.py", num_processes=2, env=isolated_env(tmp_path), check=False)
     elapsed = time.monotonic() - start
     assert result.returncode != 0
     assert elapsed < 60, f"the job took {elapsed:.0f} s to end; rank 0 was left waiting"
@@ -125,14 +125,14 @@ def test_hasten_test_passes_with_a_config_file(tmp_path):
 
 
 def test_a_restarted_job_forms_a_fresh_group_and_finishes(tmp_path):
-    result = run_launch("launch_restart.py", num_processes=2, launch_args=("--max_restarts", "1"),
+    result = run_real_launch("launch_restart.py", num_processes=2, launch_args=("--max_restarts", "1"),
                         env=isolated_env(tmp_path), timeout=180)
     assert "launch_restart OK after 1 restart(s)" in result.stdout
     assert "deliberate failure in the first attempt" in result.stderr
 
 
 def test_worker_exit_keeps_normal_exit_guarantees(tmp_path):
-    result = run_launch("launch_clean_exit.py", str(tmp_path), num_processes=2, check=False)
+    result = run_real_launch("launch_clean_exit.py", str(tmp_path), num_processes=2, check=False)
     assert result.returncode == 3, result.stderr[-3000:]
     for rank in (0, 1):
         assert (tmp_path / f"unclosed-{rank}.txt").read_text() == "flushed"

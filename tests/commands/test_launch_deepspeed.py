@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from helpers import run_launch
+from helpers import run_real_launch
 from launch_fixtures import no_launch, plan_for, script  # noqa: F401 - pytest fixtures
 from hasten.commands import cli
 from hasten.commands import launch as launch_command
@@ -348,7 +348,7 @@ def test_launch_routes_a_runner_plan_to_deepspeeds_runner(script, hostfile, monk
 
 # ------------------------------------------------------------------------------------------ a real launch
 def test_each_rank_receives_the_deepspeed_settings():
-    result = run_launch("print_deepspeed_env.py", launch_args=["--use_deepspeed", "--zero_stage", "1"])
+    result = run_real_launch("print_deepspeed_env.py", launch_args=["--use_deepspeed", "--zero_stage", "1"])
     lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank="))
     assert lines == ["rank=0 HASTEN_USE_DEEPSPEED=true HASTEN_DEEPSPEED_ZERO_STAGE=1",
                      "rank=1 HASTEN_USE_DEEPSPEED=true HASTEN_DEEPSPEED_ZERO_STAGE=1"], result.stdout
@@ -360,7 +360,7 @@ def test_deepspeeds_runner_starts_this_machines_share_of_the_job(tmp_path):
 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
-    result = run_launch("print_deepspeed_env.py", launch_args=[
+    result = run_real_launch("print_deepspeed_env.py", launch_args=[
         "--use_deepspeed", "--zero_stage", "1", "--num_machines", "2", "--machine_rank", "0",
         "--main_process_ip", "127.0.0.1", "--main_process_port", str(find_free_port()),
         "--deepspeed_hostfile", str(hostfile), "--deepspeed_multinode_launcher", "nossh"])

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env, run_launch
+from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env, run_real_launch
 
 from hasten.commands import failure_summary as summary
 from hasten.commands.launch_plan import store_on_loopback
@@ -35,7 +35,7 @@ def test_a_rank_killed_by_sigkill_is_the_root_cause_every_time(tmp_path):
     for attempt in range(3):
         out = tmp_path / str(attempt)
         out.mkdir()
-        result = run_launch(SCRIPT, "kill_rank1", str(out), num_processes=2, check=False, timeout=120)
+        result = run_real_launch(SCRIPT, "kill_rank1", str(out), num_processes=2, check=False, timeout=120)
         assert result.returncode != 0
         root = _root_cause_block(result.stderr)
         assert "rank      : 1 (local_rank: 1)" in root, root

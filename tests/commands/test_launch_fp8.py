@@ -10,7 +10,7 @@ from hasten.commands.launch import load_launch_config
 from hasten.core.planned import NotYetSupportedError
 from hasten.utils.launch import setup_fp8_env
 
-from helpers import run_launch
+from helpers import run_real_launch
 from launch_fixtures import no_launch, plan_for, script  # noqa: F401 - fixtures
 
 
@@ -64,5 +64,5 @@ def test_the_reference_s_helper_sets_the_same_variables():
 
 def test_a_launched_fp8_run_reads_the_config_files_options(tmp_path):
     path, _ = _config(tmp_path, "  backend: AO\n  pad_inner_dim: false\n")
-    result = run_launch("check_fp8_launch.py", num_processes=None, launch_args=["--config_file", path])
+    result = run_real_launch("check_fp8_launch.py", num_processes=None, launch_args=["--config_file", path])
     assert "fp8 launch ok False" in result.stdout

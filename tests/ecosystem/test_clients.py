@@ -4,30 +4,36 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env, python_with_site, run_launch, script_path
-from helpers import site_packages_without
+from helpers import ROOT, clean_env, python_with_site, run_launch, run_torchrun, script_path, site_packages_without
 
 CLIENTS = "sft,dpo,sentence"
 # the main process saves alone after waiting this long for the others (diffusers' scripts never send them)
 QUICK_JOIN = {"HASTEN_SAVE_STATE_JOIN_TIMEOUT": "2"}
 
 
+# what each script imports as it starts: the launched workers start with them imported
+IMPORTS = {"client_scenarios.py": ("transformers.trainer", "transformers.models.llama.modeling_llama",
+                                   "transformers.models.bert.modeling_bert", "datasets", "trl", "sentence_transformers"),
+           "diffusers_loop.py": ("diffusers", "diffusers.models.unets.unet_2d", "diffusers.training_utils")}
+
+
 def torchrun(script: str, *args) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script_path(script)),
-               *map(str, args)]
     for attempt in range(2):
-        with _one_multiprocess_job_at_a_time():
-            result = subprocess.run(command, capture_output=True, text=True, env=clean_env(), cwd=ROOT, timeout=600)
+        result = run_torchrun(script, *args, preload=IMPORTS[script])
         # the reference's gloo workers sometimes abort while the interpreter exits, after their work is done
         # ("terminate called without an active exception", exit -6): that run of the reference is made again, once
         if result.returncode == 0 or "terminate called without an active exception" not in result.stderr:
             break
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
     return result
+
+
+def launch(script: str, *args, **options) -> subprocess.CompletedProcess:
+    """``hasten launch --as_accelerate`` of one of the clients' scripts on 2 processes."""
+    return run_launch(script, *args, launch_args=["--as_accelerate"], preload=IMPORTS[script], **options)
 
 
 def without_accelerate(tmp_path, script: str, *args, **env) -> subprocess.CompletedProcess:
@@ -49,7 +55,7 @@ def test_trl_and_sentence_transformers_train_like_the_reference_on_two_processes
     theirs.mkdir()
     mine.mkdir()
     torchrun("client_scenarios.py", CLIENTS, theirs)
-    run_launch("client_scenarios.py", CLIENTS, mine, launch_args=["--as_accelerate"], timeout=600)
+    launch("client_scenarios.py", CLIENTS, mine, timeout=600)
     reference, hasten = by_scenario(theirs / "clients.json"), by_scenario(mine / "clients.json")
     for scenario in CLIENTS.split(","):
         assert hasten[scenario]["library"].startswith(str(ROOT / "src")), hasten[scenario]
@@ -72,20 +78,18 @@ def test_a_diffusers_loop_saving_on_the_main_process_only_gets_a_complete_checkp
     mine, theirs = tmp_path / "hasten", tmp_path / "reference"
     mine.mkdir()
     theirs.mkdir()
-    run_launch("diffusers_loop.py", mine, launch_args=["--as_accelerate"], timeout=300,
-               env=clean_env(**QUICK_JOIN))
+    launch("diffusers_loop.py", mine, timeout=300, env=clean_env(**QUICK_JOIN))
     marker = json.loads((mine / "checkpoint-4" / "hasten_checkpoint.json").read_text())
     assert marker["saved_alone"] is True and marker["num_processes"] == 2
     saved = {path.name for path in (mine / "checkpoint-4").iterdir()}
     assert {"unet", "unet_ema", "optimizer.bin", "random_states_0.pkl"} <= saved, saved
     assert (mine / "checkpoint-4" / "unet" / "config.json").is_file()  # the hook's save_pretrained, unwrapped model
     # both libraries resume from it, and hasten resumes from the reference's
-    run_launch("diffusers_loop.py", mine, "--resume", mine, launch_args=["--as_accelerate"], timeout=300)
+    launch("diffusers_loop.py", mine, "--resume", mine, timeout=300)
     torchrun("diffusers_loop.py", theirs)
     torchrun("diffusers_loop.py", theirs, "--resume", mine)
     (tmp_path / "cross").mkdir()
-    run_launch("diffusers_loop.py", tmp_path / "cross", "--resume", theirs, launch_args=["--as_accelerate"],
-               timeout=300)
+    launch("diffusers_loop.py", tmp_path / "cross", "--resume", theirs, timeout=300)
     for folder in (mine, theirs, tmp_path / "cross"):
         resumed = json.loads((folder / "diffusers-resumed.json").read_text())
         assert sorted(resumed["losses"], key=int) == ["5", "6", "7", "8"], resumed

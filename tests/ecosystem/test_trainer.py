@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env, python_with_site, run_launch, script_path
-from helpers import site_packages_without
+from helpers import ROOT, clean_env, python_with_site, run_launch, run_torchrun, script_path, site_packages_without
 
 HASTEN_SCENARIOS = "ddp,fsdp2,fsdp1,lora,lora_fsdp2,zero2,zero3"
 BOTH = "ddp,lora,zero2,zero3"  # the reference trains FSDP on CPU as plain DDP: those are compared with DDP's
@@ -22,11 +20,12 @@ BACKEND = {"ddp": "MULTI_CPU", "lora": "MULTI_CPU", "fsdp2": "FSDP", "fsdp1": "F
            "zero2": "DEEPSPEED", "zero3": "DEEPSPEED"}
 
 
+# what trainer_scenarios.py imports as it starts training: the launched workers start with them imported
+IMPORTS = ("deepspeed", "transformers.trainer", "transformers.models.llama.modeling_llama", "datasets", "peft")
+
+
 def reference(scenarios: str, out, *extra) -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               str(script_path("trainer_scenarios.py")), scenarios, str(out), *map(str, extra)]
-    with _one_multiprocess_job_at_a_time():
-        result = subprocess.run(command, capture_output=True, text=True, env=clean_env(), cwd=ROOT, timeout=600)
+    result = run_torchrun("trainer_scenarios.py", scenarios, out, *extra, preload=IMPORTS)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
 
 
@@ -43,9 +42,9 @@ def runs(tmp_path_factory):
         folder.mkdir()
     reference(BOTH, folders["reference"])
     run_launch("trainer_scenarios.py", HASTEN_SCENARIOS, folders["hasten"], launch_args=["--as_accelerate"],
-               timeout=600)
+               timeout=600, preload=IMPORTS)
     run_launch("trainer_scenarios.py", BOTH, folders["hasten_from_reference"], "--resume-from",
-               folders["reference"], launch_args=["--as_accelerate"], timeout=600)
+               folders["reference"], launch_args=["--as_accelerate"], timeout=600, preload=IMPORTS)
     reference(BOTH, folders["reference_from_hasten"], "--resume-from", folders["hasten"])
     return {"reference": results(folders["reference"]), "hasten": results(folders["hasten"]),
             "hasten_from_reference": results(folders["hasten_from_reference"], "results-resumed.json"),

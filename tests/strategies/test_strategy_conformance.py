@@ -19,6 +19,14 @@ from check_strategy_conformance import STRATEGIES, workload_of  # noqa: E402
 ORDER = list(STRATEGIES)
 
 
+def conformance(line: str, work, *others, num_processes: int):
+    """Launch the script's ``line`` (a strategy, or ``pipeline_inference``) on ``num_processes`` processes; DeepSpeed's
+    lines start from a process that already imported DeepSpeed (as the script does when it builds the plugin)."""
+    deepspeed = line in STRATEGIES and STRATEGIES[line][2] == "DeepSpeedStrategy"
+    return run_launch("check_strategy_conformance.py", line, work, *others, num_processes=num_processes,
+                      preload=("deepspeed",) if deepspeed else ())
+
+
 def previous_of(position: int) -> list:
     """The strategy before ``ORDER[position]`` with the same workload (its checkpoint is loaded), if any."""
     workload = workload_of(ORDER[position])
@@ -51,7 +59,7 @@ def test_strategy_matches_single_process_pytorch_and_loads_the_previous_checkpoi
     strategy = ORDER[position]
     world = STRATEGIES[strategy][0]
     previous = previous_of(position)
-    result = run_launch("check_strategy_conformance.py", strategy, work, *previous, num_processes=world)
+    result = conformance(strategy, work, *previous, num_processes=world)
     assert f"CONFORMANCE PASSED {strategy}" in result.stdout, result.stdout
     if previous:
         assert f"ok: {strategy} loaded {previous[0]}'s checkpoint" in result.stdout
@@ -60,8 +68,8 @@ def test_strategy_matches_single_process_pytorch_and_loads_the_previous_checkpoi
 @pytest.mark.parametrize("first, last", chains(), ids=[workload_of(first) for first, _ in chains()])
 def test_the_first_strategy_loads_the_last_strategys_checkpoint(work, first, last):
     if not (work / last).is_dir():  # run alone: produce the last strategy's checkpoint first
-        run_launch("check_strategy_conformance.py", last, work, num_processes=STRATEGIES[last][0])
-    result = run_launch("check_strategy_conformance.py", first, work, last, num_processes=STRATEGIES[first][0])
+        conformance(last, work, num_processes=STRATEGIES[last][0])
+    result = conformance(first, work, last, num_processes=STRATEGIES[first][0])
     assert f"ok: {first} loaded {last}'s checkpoint" in result.stdout, result.stdout
 
 
@@ -76,9 +84,8 @@ if "zero3" in STRATEGIES:  # an FSDP run loads ZeRO-3 partitions; a ZeRO-2 offlo
 @pytest.mark.parametrize("strategy, other", CROSS_LOADS, ids=[f"{a}<-{b}" for a, b in CROSS_LOADS])
 def test_a_checkpoint_loads_on_another_number_of_processes(work, strategy, other):
     if not (work / other).is_dir():  # run alone: produce the other strategy's checkpoint first
-        run_launch("check_strategy_conformance.py", other, work, num_processes=STRATEGIES[other][0])
-    result = run_launch("check_strategy_conformance.py", strategy, work, other,
-                        num_processes=STRATEGIES[strategy][0])
+        conformance(other, work, num_processes=STRATEGIES[other][0])
+    result = conformance(strategy, work, other, num_processes=STRATEGIES[strategy][0])
     assert f"ok: {strategy} loaded {other}'s checkpoint" in result.stdout, result.stdout
 
 
@@ -91,6 +98,6 @@ PIPELINE_WEIGHTS = ["single", "fsdp2"] + (["zero3"] if "zero3" in STRATEGIES els
                                    for name in PIPELINE_WEIGHTS])
 def test_pipeline_inference_on_a_checkpoints_weights_equals_the_whole_model(work, other):
     if not (work / other).is_dir():  # run alone: produce the checkpoint first
-        run_launch("check_strategy_conformance.py", other, work, num_processes=STRATEGIES[other][0])
-    result = run_launch("check_strategy_conformance.py", "pipeline_inference", work, other, num_processes=2)
+        conformance(other, work, num_processes=STRATEGIES[other][0])
+    result = conformance("pipeline_inference", work, other, num_processes=2)
     assert f"PIPELINE INFERENCE PASSED on {other}'s weights (2 stages)" in result.stdout, result.stdout
