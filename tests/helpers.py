@@ -109,19 +109,23 @@ def assert_checkpoint_loads_on_one_process(model, checkpoint, weights_file) -> N
     assert all(torch.equal(loaded[key], expected[key]) for key in expected)
 
 
-def site_packages_without(tmp_path, *names: str) -> Path:
+def site_packages_without(folder, *names: str) -> Path:
     """A copy of this interpreter's site-packages (links to every entry) without the distributions ``names``
-    (their packages and .dist-info folders): where a test must show that something works with them absent."""
+    (their packages and .dist-info folders), as ``folder``/site-packages: where a test must show that something
+    works with them absent. A mirror already there is brought up to date (a folder kept between runs)."""
     import sysconfig
 
     site = Path(sysconfig.get_paths()["purelib"])
-    mirror = Path(tmp_path) / "site-packages"
+    mirror = Path(folder) / "site-packages"
     mirror.mkdir(parents=True, exist_ok=True)
-    for entry in site.iterdir():
-        if any(entry.name == name or entry.name.startswith(f"{name}-") for name in names):
-            continue
-        if not (mirror / entry.name).is_symlink():  # a second call in the same test reuses the mirror
-            (mirror / entry.name).symlink_to(entry)
+    wanted = {entry.name: entry for entry in site.iterdir()
+              if not any(entry.name == name or entry.name.startswith(f"{name}-") for name in names)}
+    for link in mirror.iterdir():
+        if link.name not in wanted or link.resolve() != wanted[link.name].resolve():
+            link.unlink()
+    for name, entry in wanted.items():
+        if not (mirror / name).is_symlink():
+            (mirror / name).symlink_to(entry)
     return mirror
 
 

@@ -91,12 +91,15 @@ def test_checkpoints_cross_between_the_libraries_both_ways(runs):
 
 
 def test_one_process_where_the_real_accelerate_is_not_installed(tmp_path):
-    mirror = site_packages_without(tmp_path, "accelerate")
+    # DeepSpeed compiles its CPU Adam for the mirror's paths: a mirror kept in the build folder, with its own
+    # extension folder, compiles it once, and never turns the main installation's build stale
+    kept = ROOT / "build" / "without-accelerate"
+    mirror = site_packages_without(kept, "accelerate")
     out = tmp_path / "out"
     out.mkdir()
+    env = clean_env(HASTEN_AS_ACCELERATE="1", TORCH_EXTENSIONS_DIR=kept / "torch_extensions")
     result = subprocess.run([*python_with_site(mirror), str(script_path("trainer_scenarios.py")), "lora,zero2",
-                             str(out)], capture_output=True, text=True, env=clean_env(HASTEN_AS_ACCELERATE="1"),
-                            cwd=ROOT, timeout=600)
+                             str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     entries = results(out)
     for scenario in ("lora", "zero2"):  # lora trains the plain path with an adapter; zero2 the DeepSpeed one
