@@ -28,9 +28,8 @@ $(TEST_STAMP): $(RUNTIME_STAMP)
 demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/hasten launch -n 2 examples/demo.py
 
-# DeepSpeed compiles its CPU ops on first use into torch's extension cache (TORCH_EXTENSIONS_DIR, by default
-# ~/.cache/torch_extensions): once per machine and version, not once per clone (torch rebuilds an op whose sources
-# or flags changed)
+# DeepSpeed compiles its CPU ops on first use: the tests keep them in torch's extension cache, one folder per
+# checkout (tests/helpers.py, torch_extensions_dir)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest tests

@@ -16,6 +16,10 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     mark_items(items)  # launches / heavy, read from each test's code (suite_markers.py)
+from helpers import torch_extensions_dir  # noqa: E402
+
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))  # DeepSpeed's compiled ops, per checkout
+
 # Tests must never think they were launched: drop launcher variables inherited from a shell (and Accelerate's
 # ACCELERATE_* aliases of the HASTEN_* ones).
 for _key in list(os.environ):

@@ -26,6 +26,17 @@ def _one_multiprocess_job_at_a_time():
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def torch_extensions_dir(variant: str = "") -> Path:
+    """Where DeepSpeed's CPU ops, compiled on first use (30-60 s each), are kept for this checkout: torch's extension
+    cache under a folder named after the checkout's path. A build holds the paths of the installation it was
+    compiled from, so two checkouts sharing one folder would rebuild each other's ops in turn; one folder per checkout
+    (and per ``variant``: another installation path, such as a site-packages mirror) compiles each op once."""
+    import hashlib
+
+    key = hashlib.sha1(str(ROOT).encode()).hexdigest()[:12]
+    return Path.home() / ".cache" / "torch_extensions" / f"hasten-tests-{key}{'-' + variant if variant else ''}"
+
+
 def clean_env(**extra) -> dict:
     """The current environment without launcher variables (so a test is never 'already launched')."""
     env = {k: v for k, v in os.environ.items()

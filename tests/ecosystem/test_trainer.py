@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from helpers import ROOT, clean_env, python_with_site, run_launch, run_torchrun, script_path, site_packages_without
+from helpers import torch_extensions_dir
 
 HASTEN_SCENARIOS = "ddp,fsdp2,fsdp1,lora,lora_fsdp2,zero2,zero3"
 BOTH = "ddp,lora,zero2,zero3"  # the reference trains FSDP on CPU as plain DDP: those are compared with DDP's
@@ -93,11 +94,10 @@ def test_checkpoints_cross_between_the_libraries_both_ways(runs):
 def test_one_process_where_the_real_accelerate_is_not_installed(tmp_path):
     # DeepSpeed compiles its CPU Adam for the mirror's paths: a mirror kept in the build folder, with its own
     # extension folder, compiles it once, and never turns the main installation's build stale
-    kept = ROOT / "build" / "without-accelerate"
-    mirror = site_packages_without(kept, "accelerate")
+    mirror = site_packages_without(ROOT / "build" / "without-accelerate", "accelerate")
     out = tmp_path / "out"
     out.mkdir()
-    env = clean_env(HASTEN_AS_ACCELERATE="1", TORCH_EXTENSIONS_DIR=kept / "torch_extensions")
+    env = clean_env(HASTEN_AS_ACCELERATE="1", TORCH_EXTENSIONS_DIR=torch_extensions_dir("without-accelerate"))
     result = subprocess.run([*python_with_site(mirror), str(script_path("trainer_scenarios.py")), "lora,zero2",
                              str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]

@@ -67,7 +67,8 @@ def test_fp8_trains_on_the_cpu_with_the_middle_layers_in_fp8():
 def test_fp8_runs_on_two_processes_under_ddp_fsdp2_and_deepspeed(tmp_path):
     """DDP equals one process by hand; FSDP2 (fp8 all-gather) trains; DeepSpeed ZeRO-2 / ZeRO-3 equal a bf16 engine
     on the layers converted by hand; each resumes from its checkpoint."""
-    result = run_launch("check_fp8_processes.py", tmp_path, num_processes=2, timeout=500)
+    result = run_launch("check_fp8_processes.py", tmp_path, num_processes=2, timeout=500,
+                        preload=("torchao.float8", "deepspeed"))  # what the script imports as it goes
     assert "fp8 under DDP equals one process by hand" in result.stdout
     assert "fp8 under FSDP2 trains and resumes" in result.stdout
     for stage in (2, 3):

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.skipif(importlib.util.find_spec
 
 
 def test_deepspeed_on_two_processes_auto_values_boundary_resume_two_plugins_and_zero3_save_model(tmp_path):
-    result = run_launch("check_deepspeed.py", tmp_path, num_processes=2, timeout=600)
+    result = run_launch("check_deepspeed.py", tmp_path, num_processes=2, timeout=600, preload=("deepspeed",))
     assert "DEEPSPEED CHECKS PASSED" in result.stdout, result.stdout
 
 
@@ -41,7 +41,8 @@ def test_a_config_file_selecting_deepspeed_trains_one_process_with_it(tmp_path):
         "DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2))\n"
         "for x, y in loader:\n    accelerator.backward(((model(x) - y) ** 2).mean())\n    optimizer.step()\n"
         "print('TRAINED WITH', type(accelerator.strategy).__name__, model.zero_optimization_stage())\n")
-    result = run_launch(script, num_processes=None, launch_args=["--config_file", str(config)])
+    result = run_launch(script, num_processes=None, launch_args=["--config_file", str(config)],
+                        preload=("deepspeed",))
     assert "TRAINED WITH DeepSpeedStrategy 1" in result.stdout, result.stdout + result.stderr
 
 

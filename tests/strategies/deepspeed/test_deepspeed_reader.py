@@ -44,7 +44,7 @@ OPTIMIZER_CLASSES = {"torch": {"AdamW"}, "fp16_unfused": {"FP16_UnfusedOptimizer
 def made(tmp_path_factory):
     out = tmp_path_factory.mktemp("deepspeed")
     env = clean_env(DS_ACCELERATOR="cpu")
-    result = run_launch("make_deepspeed_checkpoints.py", out, env=env, timeout=600)
+    result = run_launch("make_deepspeed_checkpoints.py", out, env=env, timeout=600, preload=("deepspeed",))
     assert "DEEPSPEED CHECKPOINTS MADE" in result.stdout, result.stdout
     return out
 

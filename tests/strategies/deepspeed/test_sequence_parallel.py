@@ -41,11 +41,15 @@ parallelism_config:
 """
 
 
+# what the script imports as it starts: the launched workers start with them imported
+IMPORTS = ("deepspeed", "transformers.modeling_utils", "transformers.models.llama.modeling_llama")
+
+
 def test_two_processes_train_like_one_at_zero_1_2_3_and_with_accumulation_from_a_config_file(tmp_path):
     config = tmp_path / "sp2.yaml"
     config.write_text(CONFIG_FILE)
     result = run_launch("check_sequence_parallel.py", tmp_path, num_processes=None,
-                        launch_args=["--config_file", str(config)], timeout=400)
+                        launch_args=["--config_file", str(config)], timeout=400, preload=IMPORTS)
     assert "SEQUENCE PARALLEL CHECKS PASSED" in result.stdout, result.stdout + result.stderr
     assert result.stdout.count("MAX DIFF") == 4, result.stdout
 
