@@ -78,6 +78,7 @@ def _worker(job: dict, rank: int, channels: tuple) -> None:
 
     random.seed()
     numpy.random.seed()
+    torch.seed()  # torch too seeds its default generator from the system's entropy at start
     for entry in reversed([p for p in job["env"].get("PYTHONPATH", "").split(os.pathsep) if p]):
         if entry not in sys.path:
             sys.path.insert(1, entry)
