@@ -12,11 +12,13 @@ already imported torch and hasten fork the workers. It returns None, and the cal
   start changes no result), or a zygote that could not start safely (a thread alive after its imports).
 
 Zygotes are kept for the session, one per (modules to preload, the job's environment before the launch's own
-settings), and end with it: whatever an import reads from the environment, the workers' imports read the same.
+settings), and end with it: whatever an import reads from the environment, the workers' imports read the same. At
+most ``MAX_ZYGOTES`` live at once (the least recently used ends first).
 """
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import select
@@ -28,7 +30,9 @@ from typing import Optional
 
 ZYGOTE = Path(__file__).resolve().parent / "warm_zygote.py"
 BASE_PRELOAD = ("torch", "torch.distributed", "hasten", "hasten.accelerator", "hasten.commands.run_script")
-_ZYGOTES: dict = {}
+MAX_ZYGOTES = 4
+_NUMBERS = itertools.count()
+_ZYGOTES: dict = {}  # key -> zygote, the least recently used first
 _REFUSED: dict = {}  # zygote key -> why it could not start
 
 
@@ -47,8 +51,8 @@ class _Zygote:
         readable, _, _ = select.select([self.process.stdout], [], [], timeout)
         line = self.process.stdout.readline() if readable else ""
         if not line:
-            self.close()
             tail = self.log.read_text()[-4000:] if self.log.exists() else ""
+            self.close()
             raise RuntimeError(f"the warm zygote gave no answer in {timeout:.0f} s (it ended: "
                                f"{self.process.poll()}); its log:\n{tail}")
         return json.loads(line)
@@ -68,12 +72,12 @@ class _Zygote:
             except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
                 self.process.wait()
+        self.log.unlink(missing_ok=True)
 
 
 def _close_all() -> None:
     for zygote in _ZYGOTES.values():
         zygote.close()
-        zygote.log.unlink(missing_ok=True)
 
 
 atexit.register(_close_all)
@@ -83,13 +87,18 @@ def _zygote(preload: tuple, env: dict) -> Optional[_Zygote]:
     """The zygote for ``preload`` started with ``env`` (the job's environment before the launch adds its settings,
     plus ``HASTEN_AS_ACCELERATE`` when the launch sets it: what the workers' imports may read)."""
     start_env = {**env, "OMP_NUM_THREADS": "1"}  # no BLAS thread pool before the forks; each worker sets its own
-    key = (preload, tuple(sorted(start_env.items())))
+    # pytest names the running test in PYTEST_CURRENT_TEST: no import reads it, the workers get the job's own
+    key = (preload, tuple(sorted((name, value) for name, value in start_env.items()
+                                 if not name.startswith("PYTEST_"))))
     if key in _REFUSED:
         return None
-    zygote = _ZYGOTES.get(key)
+    zygote = _ZYGOTES.pop(key, None)
     if zygote is not None and zygote.process.poll() is None:
+        _ZYGOTES[key] = zygote  # the most recently used last
         return zygote
-    log = Path(tempfile.gettempdir()) / f"hasten-warm-zygote-{os.getpid()}-{len(_ZYGOTES)}.log"
+    while len(_ZYGOTES) >= MAX_ZYGOTES:  # the least recently used ends: each holds its imports in memory
+        _ZYGOTES.pop(next(iter(_ZYGOTES))).close()
+    log = Path(tempfile.gettempdir()) / f"hasten-warm-zygote-{os.getpid()}-{next(_NUMBERS)}.log"
     zygote = _Zygote((*BASE_PRELOAD, *preload), start_env, log)
     if not zygote.ready.get("ready"):
         _REFUSED[key] = zygote.ready.get("why", "")
