@@ -21,15 +21,18 @@ $(RUNTIME_STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e .
 	touch $(RUNTIME_STAMP)
 
+# DeepSpeed with its CPU ops compiled in, from a wheel built once per machine (build_support/deepspeed_cpu_ops.py):
+# otherwise every fresh clone compiles them again on first use
 $(TEST_STAMP): $(RUNTIME_STAMP)
+	$(if $(findstring deepspeed,$(TEST_EXTRAS)),$(PY) build_support/deepspeed_cpu_ops.py)
 	$(PY) -m pip install -q -e ".[$(TEST_EXTRAS)]"
 	touch $(TEST_STAMP)
 
 demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/hasten launch -n 2 examples/demo.py
 
-# DeepSpeed compiles its CPU ops on first use: the tests keep them in torch's extension cache, one folder per
-# checkout (tests/helpers.py, torch_extensions_dir)
+# Were DeepSpeed's CPU ops not prebuilt, DeepSpeed would compile them on first use: the tests keep such builds in
+# torch's extension cache, one folder per checkout (tests/helpers.py, torch_extensions_dir)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest tests

@@ -21,6 +21,9 @@ SCRIPT = HERE / "elastic_fsdp_train.py"
 def _agent(port: int, work, env):
     command = [sys.executable, "-m", "hasten", "launch", "--num_machines", "1:2", "-n", "4", "--max_restarts", "2",
                "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--monitor_interval", "0.5",
+               # once one machine has joined, the rendezvous waits this long for more (torch's default is 30 s): the
+               # two agents start together, and after the kill the survivor waits for nobody
+               "--rdzv_conf", "last_call_timeout=10",
                str(SCRIPT), str(work)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
                             start_new_session=True)  # its own process group: killed with its processes
