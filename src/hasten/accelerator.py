@@ -25,6 +25,7 @@ from .compile import apply_dynamo_plugin, remove_regional_compilation
 from .config.accelerator_settings import SPLIT_BATCHES_UNSET, resolve_accelerator_settings
 from .config.booleans import parse_bool
 from .config.kwargs import AutocastKwargs, InitProcessGroupKwargs, ProfileKwargs
+from .core.env_aliases import get_flag_setting
 from .core.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from .core.lazy import build_table, lazy_exports
 from .core.memory import release_memory
@@ -134,6 +135,13 @@ class Accelerator:
             torch_tp_plugin = running.get("torch_tp_plugin")
             if isinstance(deepspeed_plugins, dict):
                 selected = next((name for name, plugin in deepspeed_plugins.items() if plugin.selected), None)
+        if not any((deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin, torch_tp_plugin)) \
+                and get_flag_setting("use_deepspeed"):
+            # DeepSpeed from the launcher (a flag or a config file): the plugin is built here, from its environment,
+            # so that the state shows it and a script can edit its deepspeed_config before prepare (diffusers does)
+            from .config.deepspeed import DeepSpeedPlugin
+
+            deepspeed_plugin = DeepSpeedPlugin()
         self.state = AcceleratorState(
             mixed_precision=settings.mixed_precision, cpu=settings.cpu,
             dynamo_plugin=settings.dynamo_plugin,
@@ -589,7 +597,7 @@ class Accelerator:
         if not split_batches and data_parallel > 1 and self.step_scheduler_with_optimizer \
                 and not self._told_about_scheduler:
             self._told_about_scheduler = True
-            get_logger(__name__).warning(
+            get_logger(__name__).info(  # the reference does the same silently: information, not a warning
                 "The prepared scheduler advances %d steps per optimizer step (one per data-parallel process), so a "
                 "schedule written in single-process steps keeps its meaning. Use "
                 "DataLoaderConfiguration(split_batches=True) for one scheduler step per optimizer step.",
@@ -1046,8 +1054,8 @@ class Accelerator:
     def init_trackers(self, project_name: str, config: Optional[dict] = None, init_kwargs: Optional[dict] = None):
         """Start the trackers given by ``log_with`` with ``config`` as the run's hyperparameters. Arguments:
         ``project_name``, ``config=None``, ``init_kwargs=None`` (``{tracker name: {keyword: value}}`` for the
-        trackers' constructors). Call it on every process: trackers run on the main process only unless their
-        ``main_process_only`` is False. Files go under ``project_configuration.logging_dir``."""
+        trackers' constructors). Call it on every process (trackers run on the main process only unless their
+        ``main_process_only`` is False), or on the main process alone, as the reference allows. Files go under ``project_configuration.logging_dir``."""
         self.trackers = self._tracking.start(project_name, config, init_kwargs, self.logging_dir,
                                              self.is_main_process)
         self.tracker_project_name = project_name
@@ -1055,14 +1063,16 @@ class Accelerator:
 
     def log(self, values: dict, step: Optional[int] = None, log_kwargs: Optional[dict] = None) -> None:
         """Log ``values`` (numbers, strings, tensors of one element) at ``step`` to every tracker of this process.
-        ``log_kwargs``: ``{tracker name: {keyword: value}}``. An error before ``init_trackers`` or for a value that
-        is not loggable (its key named)."""
-        self._tracking.log(self.trackers, values, step, log_kwargs)
+        ``log_kwargs``: ``{tracker name: {keyword: value}}``. An error for a value that is not loggable (its key
+        named), and on the main process before ``init_trackers``; on the other processes, with the trackers started
+        on the main process only, it does nothing (as the reference)."""
+        self._tracking.log(self.trackers, values, step, log_kwargs, self.is_main_process)
 
     def end_training(self) -> None:
-        """Finish the trackers and wait for every process."""
+        """Finish this process's trackers once this process's pending asynchronous save is on disk. It waits for
+        no other process, so it is safe on the main process alone (``if accelerator.is_main_process:``)."""
+        self.wait_for_checkpoint()
         self._tracking.finish(self.trackers)
-        self.wait_for_everyone()
 
     def get_tracker(self, name: str, unwrap: bool = False):
         """The tracker called ``name`` (its underlying run object with ``unwrap``); on a process where it does not

@@ -270,8 +270,12 @@ class PartialState:
 
     # ------------------------------------------------------------------ facts
     def __repr__(self) -> str:
+        return self._describe(self.distributed_type)
+
+    def _describe(self, distributed_type) -> str:
+        """The processes, as ``repr`` shows them, under ``distributed_type`` (the backend's, for AcceleratorState)."""
         return (
-            f"Distributed environment: {self.distributed_type}{('  Backend: ' + self.backend) if self.backend else ''}\n"
+            f"Distributed environment: {distributed_type}{('  Backend: ' + self.backend) if self.backend else ''}\n"
             f"Num processes: {self.num_processes}\nProcess index: {self.process_index}\n"
             f"Local process index: {self.local_process_index}\nDevice: {self.device}\n"
         )
@@ -629,7 +633,12 @@ class AcceleratorState:
             raise AttributeError(f"'AcceleratorState' object has no attribute {name!r}") from None
 
     def __repr__(self) -> str:
-        return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\n"
+        # what trains (FSDP, DEEPSPEED ...), as the reference prints it, with the DeepSpeed config it runs
+        text = self._partial._describe(self.distributed_type) + f"\nMixed precision type: {self.mixed_precision}\n"
+        plugin = self.deepspeed_plugin
+        if plugin is not None:
+            text += f"ds_config: {plugin.deepspeed_config}\n"
+        return text
 
 
 class GradientState:

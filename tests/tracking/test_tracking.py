@@ -98,7 +98,9 @@ def test_tensorboard_writes_event_files_read_back_with_the_values_and_steps(tmp_
     loss, events = scalars(run, "train/loss")
     assert loss == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]
     assert "note" in " ".join(events.Tags()["tensors"])  # text is kept as a tensor summary
-    assert (run / "hparams.yml").read_text().count("lr: 0.01") == 1
+    [sub_run] = [path for path in run.iterdir() if (path / "hparams.yml").is_file()]  # the reference's layout:
+    assert float(sub_run.name) > 0 and list(sub_run.glob("events.out.tfevents.*"))  # a timestamped sub-run
+    assert (sub_run / "hparams.yml").read_text().count("lr: 0.01") == 1
     assert list(run.glob("events.out.tfevents.*"))
     assert any(path.name.startswith("grouped") for path in run.iterdir())  # add_scalars: one folder per series
 

@@ -22,6 +22,7 @@ from typing import Union
 import torch
 from torch import nn
 
+from ..collectives.process_view import ProcessView
 from ..state import PartialState
 from .agreement import together
 from .layout import MODEL_NAME, SAFE_MODEL_NAME
@@ -157,8 +158,11 @@ def _write(folder: Path, state: dict, max_shard_size: int, safe_serialization: b
 def save_model(strategy, model: nn.Module, save_directory, max_shard_size: Union[int, str] = "10GB",
                safe_serialization: bool = True, save_on_each_node: bool = False) -> list[str]:
     """Save ``model``'s weights to ``save_directory`` (see the module docstring); returns the weight files'
-    names. Every process calls it (the strategy may need all of them to gather the weights); the main
-    process writes (each machine's main process with ``save_on_each_node``)."""
+    names. The main process writes (each machine's main process with ``save_on_each_node``). Where the strategy
+    holds the whole model on every process (``Strategy.saves_from_one_process``: one process, DDP) nothing waits for
+    the other processes, so a call made on the main process only (``if accelerator.is_main_process:``) works, as in
+    the reference; a sharded model is gathered from every process, so every process calls it, and a failure on one
+    is raised on all."""
     folder = Path(os.fspath(save_directory))
     if folder.is_file():
         raise ValueError(f"save_directory {folder} is a file; save_model writes a folder. Choose a folder path.")
@@ -167,5 +171,7 @@ def save_model(strategy, model: nn.Module, save_directory, max_shard_size: Union
     _check_state(state)
     partial = PartialState()
     writer = partial.is_local_main_process if save_on_each_node else partial.is_main_process
+    processes = None if not getattr(strategy, "saves_from_one_process", True) else ProcessView.alone(partial)
     return together("save_model", lambda: _write(folder, state, limit, safe_serialization) if writer
-                    else shard_names(len(split_into_shards(drop_aliases(state)[0], limit)), safe_serialization))
+                    else shard_names(len(split_into_shards(drop_aliases(state)[0], limit)), safe_serialization),
+                    processes=processes)

@@ -12,6 +12,7 @@ import json
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from .jsonl import CONFIG_FILE, METRICS_FILE
 from .tensorboard import HPARAMS_FILE
@@ -84,11 +85,32 @@ def _read_tensorboard(folder: Path, run: str, logs: RunLogs, already: set) -> No
         for event in events.Scalars(tag):
             logs.add(tag, run, event.step, event.value)
     logs.sources.extend(str(path) for path in sorted(folder.glob(TENSORBOARD_GLOB)))
-    hparams = folder / HPARAMS_FILE
-    if hparams.is_file() and run not in logs.configs:
+    hparams = _hparams_file(folder)
+    if hparams is not None and run not in logs.configs:
         import yaml
 
         logs.configs[run] = yaml.safe_load(hparams.read_text(encoding="utf-8")) or {}
+
+
+def _hparams_file(folder: Path) -> Optional[Path]:
+    """The run's ``hparams.yml``: in the newest timestamped sub-run the tracker writes (the reference's layout), or
+    beside the events (runs written by earlier hasten versions)."""
+    stamped = sorted(folder.glob(f"*/{HPARAMS_FILE}"), key=lambda path: _stamp(path.parent.name))
+    if stamped:
+        return stamped[-1]
+    return folder / HPARAMS_FILE if (folder / HPARAMS_FILE).is_file() else None
+
+
+def _stamp(name: str) -> float:
+    try:
+        return float(name)
+    except ValueError:
+        return float("-inf")
+
+
+def _is_hparams_sub_run(folder: Path, event_folders: set) -> bool:
+    """A sub-run holding only a run's hyperparameters (``<run>/<time.time()>/``), not a run of its own."""
+    return folder.parent in event_folders and (folder / HPARAMS_FILE).is_file() and _stamp(folder.name) > 0
 
 
 def read_run_logs(run_dir) -> RunLogs:
@@ -102,7 +124,8 @@ def read_run_logs(run_dir) -> RunLogs:
     seen_by_folder = {}
     for path in sorted(root.rglob(METRICS_FILE)):
         seen_by_folder[path.parent] = _read_jsonl(path, _label(path.parent, root), logs)
-    event_folders = sorted({path.parent for path in root.rglob(TENSORBOARD_GLOB)})
+    found = {path.parent for path in root.rglob(TENSORBOARD_GLOB)}
+    event_folders = sorted(folder for folder in found if not _is_hparams_sub_run(folder, found))
     if event_folders:
         if importlib.util.find_spec("tensorboard") is None:
             if not seen_by_folder:

@@ -1,9 +1,11 @@
 """``TrackerSession``: the trackers of one ``Accelerator`` — which ``log_with`` asked for, which run on this
 process, and whether a run is open — so the Accelerator's tracker methods stay one line each.
 
-Every process goes through ``start`` / ``log`` / ``finish``; a tracker runs on the main process only unless its
-``main_process_only`` is False. Input is checked on every process before any tracker acts, so a bad call fails the
-same way everywhere and no tracker holds half of it.
+Every process may go through ``start`` / ``log`` / ``finish``; a tracker runs on the main process only unless its
+``main_process_only`` is False. Input is checked on every process that calls, before any tracker acts, so a bad call
+fails the same way everywhere and no tracker holds half of it. As in the reference, the calls are also safe on the
+main process alone (diffusers' scripts start the trackers inside ``if accelerator.is_main_process:`` and log on every
+process): on the other processes ``log`` without an open run does nothing.
 """
 from __future__ import annotations
 
@@ -108,9 +110,14 @@ class TrackerSession:
             tracker._use_logging_dir(os.fspath(logging_dir))
         return tracker
 
-    def log(self, trackers: list, values, step=None, log_kwargs: Optional[dict] = None) -> None:
-        """Check ``values`` (tensors of one element become numbers) and ``step``, then log to ``trackers``."""
+    def log(self, trackers: list, values, step=None, log_kwargs: Optional[dict] = None,
+            is_main_process: bool = True) -> None:
+        """Check ``values`` (tensors of one element become numbers) and ``step``, then log to ``trackers``. With no
+        run open: an error on the main process, nothing on the others (their run may have been started on the main
+        process only)."""
         if self.log_with and not self.is_open:
+            if not is_main_process:
+                return
             raise RuntimeError("Accelerator.log() was called with no tracker run open: call "
                                "accelerator.init_trackers(project_name, config) first (and not after end_training()).")
         values = prepare_log_values(values)

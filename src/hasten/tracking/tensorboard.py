@@ -1,11 +1,13 @@
 """``TensorBoardTracker`` (``log_with="tensorboard"``): scalars, text and images in TensorBoard event files.
 
-Files go to ``<logging_dir>/<run_name>/``; the run's config is also written there as ``hparams.yml`` so it can be
-read without TensorBoard. Uses ``torch.utils.tensorboard`` (needs the ``tensorboard`` package) or ``tensorboardX``.
+Scalars go to ``<logging_dir>/<run_name>/``. The run's config goes where the reference puts it, so that tools reading
+its runs find it: TensorBoard's hyperparameters as a sub-run ``<logging_dir>/<run_name>/<time.time()>/``, with the
+config also written there as ``hparams.yml`` (readable without TensorBoard). Uses ``torch.utils.tensorboard`` (needs the ``tensorboard`` package) or ``tensorboardX``.
 """
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional, Union
 
 from .base import GeneralTracker, on_main_process
@@ -69,9 +71,11 @@ class TensorBoardTracker(GeneralTracker):
         import yaml
 
         config = prepare_config(values)
-        self.writer.add_hparams(_flat(config), metric_dict={}, run_name=".")  # same folder, not a timestamped one
+        sub_run = str(time.time())  # the reference's layout: the hyperparameters are a timestamped sub-run
+        self.writer.add_hparams(_flat(config), metric_dict={}, run_name=sub_run)
         self.writer.flush()
-        with open(os.path.join(self.logging_dir, HPARAMS_FILE), "w", encoding="utf-8") as file:
+        os.makedirs(os.path.join(self.logging_dir, sub_run), exist_ok=True)
+        with open(os.path.join(self.logging_dir, sub_run, HPARAMS_FILE), "w", encoding="utf-8") as file:
             yaml.safe_dump(config, file, sort_keys=True)
 
     @on_main_process

@@ -160,12 +160,12 @@ class DeepSpeedStrategy(Strategy):
             if isinstance(scheduler, DummyScheduler) and "scheduler" not in config \
                     and scheduler.lr_scheduler_callable is None:
                 raise ValueError("Either specify a scheduler in the config file or pass in the "
-                                 "`lr_scheduler_callable` parameter when using `accelerate.utils.DummyScheduler`: a "
+                                 "`lr_scheduler_callable` parameter when using `accelerate.utils.DummyScheduler`. A "
                                  "DummyScheduler stands for the config's 'scheduler' section, and there is none.")
         if any(isinstance(o, DummyOptim) for o in optimizers) and schedulers \
                 and not all(isinstance(s, DummyScheduler) for s in schedulers):
             raise ValueError("You can only specify `accelerate.utils.DummyScheduler` in the code when using "
-                             "`accelerate.utils.DummyOptim`: the engine builds the optimizer, so a torch scheduler "
+                             "`accelerate.utils.DummyOptim`. The engine builds the optimizer, so a torch scheduler "
                              "would step a placeholder. Use hasten.utils.DummyScheduler(optimizer, ...), with "
                              "lr_scheduler_callable=... for a schedule of your own.")
 
@@ -367,7 +367,8 @@ class DeepSpeedStrategy(Strategy):
         """The engine unscales fp16 gradients inside its step."""
 
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2, *, models=(), optimizers=()):
-        """Take the engine's step with ``max_norm`` as its clipping value; returns the gradients' global norm."""
+        """Take the engine's step with ``max_norm`` as its clipping value; returns the gradients' global norm as a
+        Python number (as the reference returns DeepSpeed's), or None when the engine computed none."""
         if float(norm_type) != 2.0:
             raise ValueError(f"DeepSpeed clips by the global 2-norm; clip_grad_norm_ got norm_type={norm_type}.")
         engine = self._clip_target(parameters, models)
@@ -390,7 +391,7 @@ class DeepSpeedStrategy(Strategy):
         self.step(engine)
         if norm is None:
             norm = engine.get_global_grad_norm()
-        return torch.as_tensor(norm if norm is not None else float("nan"), dtype=torch.float32)
+        return None if norm is None else float(norm)
 
     def _configured_clipping(self):
         """The clipping value set explicitly (a number, not "auto") in the user's config or the plugin, or None."""
