@@ -23,9 +23,13 @@ $(RUNTIME_STAMP): pyproject.toml Makefile
 
 # DeepSpeed with its CPU ops compiled in, from a wheel built once per machine (build_support/deepspeed_cpu_ops.py):
 # otherwise every fresh clone compiles them again on first use
+# The test extras go in through uv, which installs the same releases as pip (same resolution, checked side by side)
+# in about 20 s against pip's 130 s here; torch stays pip's (pip's configuration picks the local CPU wheel) and
+# uv keeps it. Where uv cannot be installed or cannot reach its index, pip installs them as before.
 $(TEST_STAMP): $(RUNTIME_STAMP)
 	$(if $(findstring deepspeed,$(TEST_EXTRAS)),$(PY) build_support/deepspeed_cpu_ops.py)
-	$(PY) -m pip install -q -e ".[$(TEST_EXTRAS)]"
+	( $(PY) -m pip install -q uv && $(VENV)/bin/uv pip install -q --python $(PY) -e ".[$(TEST_EXTRAS)]" ) \
+	    || $(PY) -m pip install -q -e ".[$(TEST_EXTRAS)]"
 	touch $(TEST_STAMP)
 
 demo: $(RUNTIME_STAMP)
