@@ -77,6 +77,15 @@ def _expected_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
+
+def _storage_address(parameter: torch.Tensor) -> int:
+    """Where a parameter's values live: a DTensor's local shard, or the plain tensor inside a wrapping subclass
+    (torchao's float8 weights keep it in ``_tensor``), else the tensor itself."""
+    inner = getattr(parameter, "_local_tensor", None)
+    if not isinstance(inner, torch.Tensor):
+        inner = getattr(parameter, "_tensor", None)
+    return (inner if isinstance(inner, torch.Tensor) else parameter).data_ptr()
+
 class Accelerator:
     """Run one training script on one device or many processes; the arguments mirror Accelerate's.
 
@@ -892,6 +901,19 @@ class Accelerator:
         if not keep_torch_compile:
             remove_regional_compilation(unwrapped)
         return unwrapped
+
+    def _get_named_parameters(self, *objects, drop_refs: bool = False) -> dict:
+        """Every parameter of the modules among ``objects`` (other objects are skipped), by name, as the unwrapped
+        model names it. ``drop_refs``: the address of each parameter's storage instead of the parameter (a DTensor's
+        local shard, a wrapping tensor subclass's inner tensor), which identifies it across a re-wrap without
+        keeping it alive. Private in the reference too; scripts remap optimizer parameters with it."""
+        found: dict = {}
+        for obj in objects:
+            if not isinstance(obj, nn.Module):
+                continue
+            for name, parameter in self.strategy.unwrap(obj).named_parameters():
+                found[name] = _storage_address(parameter) if drop_refs else parameter
+        return found
 
     def get_state_dict(self, model, unwrap: bool = True) -> dict:
         """The model's full state dict, as the strategy gathers it (the real weights of a model dispatched with

@@ -66,3 +66,29 @@ def test_main_names_import_from_the_accelerator_and_state_modules():
     assert DynamoBackend("INDUCTOR").value == "INDUCTOR"
     with pytest.raises(ImportError):
         from hasten.accelerator import NoSuchName  # noqa: F401
+
+
+def test_named_parameters_of_prepared_models_by_name_or_by_storage_address():
+    """Scripts (the reference's FSDP2 benchmarks, TRL's vLLM loops) remap optimizer parameters with the private
+    ``_get_named_parameters``: the unwrapped names, the parameters or (``drop_refs``) their storage addresses."""
+    accelerator = Accelerator()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    before = accelerator._get_named_parameters(model, drop_refs=True)
+    prepared, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    named = accelerator._get_named_parameters(prepared, optimizer, "not a module")
+    assert list(named) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert all(named[name] is parameter for name, parameter in model.named_parameters())
+    assert before == {name: parameter.data_ptr() for name, parameter in model.named_parameters()}
+    remapped = {address: named[name] for name, address in before.items()}
+    assert [remapped[p.data_ptr()] for p in optimizer.param_groups[0]["params"]] == list(model.parameters())
+
+    class Wrapped(torch.Tensor):  # a subclass that keeps its values in an inner tensor, as torchao's float8 weights
+        pass
+
+    inner = torch.ones(4)
+    outer = torch.zeros(4).as_subclass(Wrapped)
+    outer._tensor = inner
+    holder = torch.nn.Module()
+    holder.weight = torch.nn.Parameter(outer)
+    holder.weight._tensor = inner
+    assert accelerator._get_named_parameters(holder, drop_refs=True) == {"weight": inner.data_ptr()}

@@ -90,6 +90,9 @@ def wrapping_policies() -> None:
           "transformer_based_wrap through _no_split_modules shards each Block and the root")
     check(not isinstance(model.head, FSDPModule), "the head is part of the root unit")
     check(all(isinstance(p, DTensor) for p in model.parameters()), "every parameter is sharded")
+    addresses = accelerator._get_named_parameters(model, drop_refs=True)
+    check(addresses == {n: p._local_tensor.data_ptr() for n, p in model.named_parameters()} and "head.weight" in addresses,
+          f"_get_named_parameters(drop_refs=True): the local shards' addresses by plain name: {list(addresses)[:3]}")
     train_steps(accelerator, model, optimizer)
 
     accelerator, model, optimizer = fresh(auto_wrap_policy="size_based_wrap", min_num_params=1000)
