@@ -1,8 +1,8 @@
 """Run with `hasten launch -n 2 --max_restarts 1 check_checkpoint_auto_resume.py WORKDIR`.
 
 First attempt: training with automatic checkpoint naming (a checkpoint every 4 steps, total_limit=2); during
-the save at step 12, process 1 kills itself (os._exit) once process 0 has started writing the model file, so
-the job dies in the middle of a save. The launcher restarts both processes. Second attempt: `auto_resume`
+the save at step 12, process 1 kills itself (os._exit) once it has begun adding its own files to the checkpoint that
+process 0 writes (process 0 waits for that before writing), so the job dies in the middle of a save. The launcher restarts both processes. Second attempt: `auto_resume`
 must load the newest *complete* checkpoint (step 8, in the middle of the second epoch, not the half-written
 one), the run finishes, and its
 parameters must be bitwise equal to those of an uninterrupted run (computed at the end, in the same job).
@@ -34,13 +34,18 @@ class Step:
         self.value = state["value"]
 
 
-def wait_then_die(models, weights, staging):
-    """Save hook of process 1: die once process 0 is writing this save's files (a kill in mid-save)."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not os.path.exists(os.path.join(staging, "model.safetensors")):
-        time.sleep(0.01)
+def die(models, weights, staging):
+    """Save hook of process 1: it has begun adding its files to this save (contributions.py), and dies."""
     print(f"process 1 dies while {os.path.basename(staging)} is being written", flush=True)
     os._exit(17)
+
+
+def wait_for_process_1(models, weights, staging):
+    """Save hook of process 0: write this save's files only once process 1 has begun adding its own."""
+    own = os.path.join(os.path.dirname(staging), os.path.basename(staging).replace(".incomplete", ".process_1.incomplete"))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not os.path.isdir(own):
+        time.sleep(0.01)
 
 
 def run(project_dir, crash):
@@ -71,8 +76,9 @@ def run(project_dir, crash):
             optimizer.zero_grad()
             step.value += 1
             if step.value % SAVE_EVERY == 0:
-                if crash and step.value == KILL_AT and accelerator.process_index == 1:
-                    accelerator.register_save_state_pre_hook(wait_then_die)
+                if crash and step.value == KILL_AT:
+                    accelerator.register_save_state_pre_hook(die if accelerator.process_index == 1
+                                                             else wait_for_process_1)
                 accelerator.save_state()
     assert step.value == EPOCHS * steps_per_epoch, step.value
     return {k: v.detach().clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
@@ -84,6 +90,7 @@ def main():
     project = os.path.join(workdir, "job")
     final = run(project, crash=attempt == 0)
     assert attempt == 1, "the first attempt should have died in the middle of a save"
+    PartialState().wait_for_everyone()  # process 1 adds its files to the last save after process 0's returned
     checkpoints = sorted(os.listdir(os.path.join(project, "checkpoints")))
     assert checkpoints == ["checkpoint_1", "checkpoint_2"], checkpoints  # total_limit=2, no staging left behind
     expected = run(os.path.join(workdir, "uninterrupted"), crash=False)

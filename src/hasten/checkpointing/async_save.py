@@ -167,10 +167,12 @@ def _agree(group, error: Optional[BaseException], during: str) -> Optional[BaseE
 
 # ----------------------------------------------------------------------------- the pending save
 class PendingSave:
-    """One save whose files are written by a background thread (see the module docstring)."""
+    """One save whose files are written by a background thread (see the module docstring): ``write()``, then,
+    once every process of ``group`` (None: this one alone) wrote its files, ``complete()``; ``abandon(error)`` when
+    writing failed anywhere."""
 
     def __init__(self, folder: Path, write: Callable[[], None], complete: Callable[[], None],
-                 abandon: Callable[[], None], group):
+                 abandon: Callable[[BaseException], None], group):
         self.folder = folder
         self._write, self._complete, self._abandon, self._group = write, complete, abandon, group
         self.error: Optional[BaseException] = None
@@ -185,7 +187,7 @@ class PendingSave:
                 error = failure
             error = _agree(self._group, error, "writing the checkpoint")
             if error is not None:
-                self._abandon()
+                self._abandon(error)
                 self.error = error
                 return
             try:

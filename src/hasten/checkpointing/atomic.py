@@ -214,8 +214,8 @@ def _carried_over(old: Path, new_entries: set, is_checkpoint_file) -> list[str]:
             continue
         if any(name.startswith(entry + "/") for name in listed):
             continue  # a folder the old checkpoint wrote (e.g. by a save hook)
-        if marker is None and is_checkpoint_file(entry):
-            continue  # another library's checkpoint file, replaced by this save
+        if (marker is None or marker.get("contributions")) and is_checkpoint_file(entry):
+            continue  # another library's checkpoint file, or a file a process added (contributions.py): replaced
         kept.append(entry)
     return kept
 

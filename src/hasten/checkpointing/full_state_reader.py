@@ -22,6 +22,7 @@ import torch
 
 from ..state import PartialState
 from . import layout
+from .contributions import recorded_files
 from .errors import CheckpointError, CorruptCheckpointError, IncompleteCheckpointError
 from .model_files import prepare_loaded_state
 from .optimizer_names import by_position
@@ -151,11 +152,19 @@ class _Plan:
                        for i in range(len(targets.custom_objects))]
         saved_processes = marker.get("num_processes") if marker else None
         self.same_layout = saved_processes in (None, state.num_processes)
-        alone = bool(marker and marker.get("saved_alone"))  # the main process saved it alone (participation.py)
         rng = folder / layout.rng_file(state.process_index)
-        # every data-parallel process's loader is at the same position: the main process's stands for all
-        loaders = folder / layout.loader_states_file(0 if alone else state.process_index)
-        self.rng = rng if self.same_layout and rng.is_file() else None
+        loaders = folder / layout.loader_states_file(state.process_index)
+        # the main process wrote it alone (participation.py): this process's own files count with their record
+        alone = bool(marker and (marker.get("saved_alone") or marker.get("contributions"))
+                     and rng.name not in marker["files"])
+        if alone:
+            added = recorded_files(folder, marker, state.process_index)  # checked before reading (loading.py)
+            own_rng = rng.name in added
+            if loaders.name not in added:  # every data-parallel process's loader is at the same position
+                loaders = folder / layout.loader_states_file(0)
+        else:
+            own_rng = True
+        self.rng = rng if self.same_layout and own_rng and rng.is_file() else None
         self.loaders = loaders if self.same_layout and loaders.is_file() and targets.dataloaders else None
         if not self.same_layout:
             logger.warning(
@@ -164,8 +173,9 @@ class _Plan:
                 "start from the beginning (continue mid-epoch with skip_first_batches).",
                 folder, saved_processes, state.num_processes)
         elif self.rng is None and alone:
-            logger.info("%s was saved by the main process alone: process %d's random generators keep their current "
-                        "state (as with the reference library).", folder, state.process_index)
+            logger.warning("%s holds no random states of process %d: save_state was called on the main process only "
+                           "(as diffusers' scripts do), so this process's random generators keep their current state, "
+                           "as with the reference library.", folder, state.process_index)
         elif self.rng is None:
             if marker is not None:
                 raise IncompleteCheckpointError(f"Checkpoint {folder} is incomplete: {rng.name} is missing.")

@@ -15,7 +15,8 @@ The names are the reference library's (Accelerate), so one library can read a fo
 Two files are hasten's own (the reference ignores them): ``loader_states_{rank}.bin`` holds each process's
 prepared data loaders' positions (the reference's ``dl_state_dict.bin`` is shared by all processes and only
 exists for stateful loaders, so it cannot say where every process is), and ``hasten_checkpoint.json``
-marks a checkpoint as complete (see ``atomic.py``).
+marks a checkpoint as complete (see ``atomic.py``). ``hasten_process_{rank}.json`` lists the files a process added to
+a checkpoint the main process wrote by itself (``contributions.py``).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ __all__ = [
     "SAFE_MODEL_NAME", "MODEL_NAME", "OPTIMIZER_NAME", "SCHEDULER_NAME", "SCALER_NAME", "RNG_STATE_NAME",
     "CUSTOM_NAME", "LOADER_STATES_NAME", "REFERENCE_LOADER_NAMES", "MARKER_NAME", "CHECKPOINTS_FOLDER",
     "model_file", "optimizer_file", "scheduler_file", "custom_object_file", "rng_file", "loader_states_file",
+    "process_record_file", "PROCESS_RECORD_NAME",
     "automatic_folder", "automatic_iteration", "is_custom_object_file", "is_checkpoint_file",
 ]
 
@@ -38,6 +40,7 @@ LOADER_STATES_NAME = "loader_states"
 # What the reference writes for data loaders (a pickled sampler, a stateful loader's shared state).
 REFERENCE_LOADER_NAMES = ("sampler", "dl_state_dict")
 MARKER_NAME = "hasten_checkpoint.json"
+PROCESS_RECORD_NAME = "hasten_process"  # hasten_process_{rank}.json: the files a process added (contributions.py)
 CHECKPOINTS_FOLDER = "checkpoints"
 
 _AUTOMATIC = re.compile(r"checkpoint_(\d+)")
@@ -46,7 +49,7 @@ _CUSTOM = re.compile(rf"{CUSTOM_NAME}_(\d+)\.pkl")
 _CHECKPOINT_FILE = re.compile(
     r"(model|pytorch_model|optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.(safetensors|bin)"
     rf"|{re.escape(SCALER_NAME)}|{RNG_STATE_NAME}_\d+\.pkl|{CUSTOM_NAME}_\d+\.pkl|{LOADER_STATES_NAME}_\d+\.bin"
-    rf"|{re.escape(MARKER_NAME)}"
+    rf"|{re.escape(MARKER_NAME)}|{PROCESS_RECORD_NAME}_\d+\.json"
     r"|pytorch_model_fsdp_\d+|optimizer_\d+"  # sharded (DCP) folders of models and optimizers
 )
 
@@ -88,6 +91,11 @@ def rng_file(process_index: int) -> str:
 
 def loader_states_file(process_index: int) -> str:
     return f"{LOADER_STATES_NAME}_{process_index}.bin"
+
+
+def process_record_file(process_index: int) -> str:
+    """The record of the files process ``process_index`` added to a checkpoint the main process wrote by itself."""
+    return f"{PROCESS_RECORD_NAME}_{process_index}.json"
 
 
 def automatic_folder(project_dir, iteration: int) -> str:

@@ -27,6 +27,7 @@ from ..state import PartialState
 from . import layout
 from .agreement import gather_failures, together
 from .atomic import content_changed, recover_interrupted_swap, start_content_check, verify_complete
+from .contributions import verify_contribution
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError
 from .rotation import checkpoints_root, complete_checkpoints, require_newest_complete_checkpoint
 
@@ -103,6 +104,7 @@ def _load_folder(strategy, targets, folder: Path, load_kwargs, device, strict: b
     error = loaded = None
     try:
         marker = verify_complete(folder, check_content=False)
+        verify_contribution(folder, marker, PartialState().process_index)  # this process's own files, if it added any
         wait_for_checksums = start_content_check(folder, marker)  # in the background, while the files are parsed
         try:
             loaded = strategy.read_checkpoint(folder, marker, targets, load_kwargs=load_kwargs, device=device,

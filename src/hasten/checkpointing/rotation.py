@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Optional
 
 from .atomic import is_complete, is_staging_name, remove_folder
 from .errors import CheckpointNotFoundError
+from .contributions import missing_processes
 from .layout import CHECKPOINTS_FOLDER, automatic_folder, automatic_iteration
 from .atomic import LOCK_NAME, lock_holder_alive, read_lock
 
@@ -40,10 +42,11 @@ def checkpoints_root(project_configuration) -> Path:
 
 
 def next_automatic_folder(project_configuration) -> Path:
-    """The folder the next automatic save writes, ``checkpoint_{iteration}``; it must not exist yet."""
+    """The folder the next automatic save writes, ``checkpoint_{iteration}``; it must not exist yet, unless it is one
+    that a process was killed while adding its files to (it cannot be loaded; the save replaces it)."""
     checkpoints_root(project_configuration)  # the project_dir check
     folder = Path(automatic_folder(project_configuration.project_dir, project_configuration.iteration))
-    if folder.exists():
+    if folder.exists() and not missing_processes(folder):
         raise ValueError(
             f"Checkpoint folder {folder} already exists (iteration {project_configuration.iteration}). To continue "
             "a run, load its state first (accelerator.load_state() moves the iteration past the newest "
@@ -70,8 +73,12 @@ def complete_checkpoints(root) -> list[Path]:
     """The checkpoints under ``root`` whose save completed, newest first; folders skipped are logged."""
     complete = []
     for iteration, folder in reversed(list_checkpoints(root)):
-        if is_complete(folder):
+        missing = missing_processes(folder) if is_complete(folder) else None
+        if missing == []:
             complete.append(folder)
+        elif missing and not complete:
+            logger.warning("Skipping %s: process(es) %s were stopped while adding their files to it (pass it to "
+                           "load_state explicitly to see the error).", folder, ", ".join(map(str, missing)))
         elif not complete:
             logger.warning("Skipping %s: it has no completion marker (its save did not finish, or another library "
                            "wrote it; pass it to load_state explicitly to load it anyway).", folder)
@@ -101,6 +108,8 @@ def enforce_total_limit(root, total_limit: Optional[int], keep: Path) -> list[Pa
         return []
     keep = Path(keep).resolve()
     others = [folder for _, folder in list_checkpoints(root) if folder.resolve() != keep]
+    # a checkpoint that a process was killed while adding its files to cannot be loaded: it goes first
+    others.sort(key=lambda folder: not missing_processes(folder))
     excess = len(others) + 1 - total_limit
     doomed = others[:max(0, excess)]
     if doomed:
@@ -116,7 +125,7 @@ def remove_stale_staging(root) -> None:
     if not root.is_dir():
         return
     for entry in os.listdir(root):
-        name = entry.lstrip(".").rsplit(".", 1)[0]
+        name = re.sub(r"\.process_\d+$", "", entry.lstrip(".").rsplit(".", 1)[0])  # a process's own (contributions.py)
         if is_staging_name(entry) and automatic_iteration(name) is not None:
             if lock_holder_alive(read_lock(root / entry / LOCK_NAME)):
                 continue  # another job is saving that checkpoint right now

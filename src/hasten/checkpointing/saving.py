@@ -11,12 +11,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import uuid
 from pathlib import Path
 
 from ..core.versions import HASTEN_VERSION
 from ..state import PartialState
 from .agreement import together
 from .errors import CheckpointWriteError
+from .contributions import add_process_files
 from .participation import settle_participation
 from .rotation import checkpoints_root, enforce_total_limit, next_automatic_folder, remove_stale_staging
 from .transaction import SaveTransaction
@@ -74,17 +76,40 @@ def save_state(strategy, targets, project, output_dir=None, safe_serialization: 
                          "engine writes its own files, collectively, while the save runs. Call save_state() without "
                          "async_save.")
     folder, automatic = resolve_save_folder(project, output_dir)
-    participation = settle_participation(strategy)
-    if participation.skip:  # the main process saved this one alone, complete without this process
+    participation = settle_participation(strategy, folder, project.save_on_each_node)
+    if participation.skip:  # save_on_each_node: the main process saved this one alone, complete without this process
         project.iteration += 1
         return str(folder)
+    if participation.contributes:  # the main process writes the checkpoint; this process adds its own files
+        add_process_files(strategy, targets, folder, participation.handshake, async_save)
+        project.iteration += 1
+        return str(folder)
+    handshake = participation.handshake
+    try:
+        return _write_checkpoint(strategy, targets, project, folder, automatic, participation, safe_serialization,
+                                 async_save, save_model_func_kwargs)
+    except BaseException as error:
+        if handshake is not None:
+            handshake.publish_outcome(None, error)  # the processes adding their files stop with an error too
+        raise
+
+
+def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool, participation, safe_serialization,
+                      async_save: bool, save_model_func_kwargs: dict) -> str:
+    """The checkpoint itself, by every process or by this one alone (``participation``)."""
+    from . import async_save as background
+
     processes = participation.processes  # None: every process
     state = processes or PartialState()
-    if async_save and participation.alone:
-        logger.info("save_state(async_save=True) on the main process alone writes synchronously.")
+    handshake = participation.handshake
+    save_id = uuid.uuid4().hex if handshake is not None else None
+    if async_save and participation.alone and handshake is None:
+        logger.info("save_state(async_save=True) on the main process alone writes synchronously (save_on_each_node).")
         async_save = False
+    accepted = strategy.save_options_accepted
 
-    group = background.completion_group() if async_save else None  # collective, once, on the first async save
+    # collective, once, on the first async save that every process takes part in
+    group = background.completion_group() if async_save and processes is None else None
     copy = (lambda taken: background.detached_copy(taken, reuse=True)) if async_save else (lambda taken: taken)
     if accepted:
         strategy.save_options = dict(save_model_func_kwargs)  # this save's; the IO reads them while collecting
@@ -107,7 +132,7 @@ def save_state(strategy, targets, project, output_dir=None, safe_serialization: 
         if not async_save:
             run_hooks(staging)
         strategy.write_checkpoint(staging, snapshot, writes_shared_files=transaction.writes_shared_files,
-                                  process_index=state.process_index, safe_serialization=safe_serialization,
+                                  process_index=PartialState().process_index, safe_serialization=safe_serialization,
                                   process_group=group)  # None (the default group) unless writing in the background
 
     def write_explained(staging: Path) -> None:
@@ -127,27 +152,47 @@ def save_state(strategy, targets, project, output_dir=None, safe_serialization: 
         "schedulers": len(snapshot.schedulers), "custom_objects": len(snapshot.custom),
         "data_loaders": len(snapshot.loaders),
     }
-    if participation.alone:
-        metadata["saved_alone"] = True  # the other processes' random states are not in it (loading says so)
+    if save_id is not None:  # the other processes add their own files (contributions.py); loading says when not
+        metadata.update(contributions=True, save_id=save_id)
+    elif participation.alone:
+        metadata["saved_alone"] = True  # save_on_each_node: the other processes' random states are not in it
     if async_save:
         transaction.write(run_hooks, during="running the save hooks")  # user code: on this thread, collectively
         writer = transaction.writes_shared_files
 
         def complete() -> None:
-            if writer:
-                transaction._complete(metadata)
-                if automatic:
-                    enforce_total_limit(folder.parent, project.total_limit, keep=folder)
+            try:
+                if writer:
+                    if handshake is not None:
+                        metadata["expected_processes"] = handshake.announced()
+                    transaction._complete(metadata)
+                    if automatic:
+                        enforce_total_limit(folder.parent, project.total_limit, keep=folder)
+            except BaseException as error:
+                if handshake is not None:
+                    handshake.publish_outcome(None, error)
+                raise
+            if handshake is not None:
+                handshake.publish_outcome(save_id)
+
+        def abandon(error: BaseException) -> None:
+            transaction.abandon()
+            if handshake is not None:
+                handshake.publish_outcome(None, error)
 
         background.start(background.PendingSave(folder, lambda: write_explained(transaction.staging), complete,
-                                                transaction.abandon, group))
+                                                abandon, group))
         project.iteration += 1
         return str(folder)
     transaction.write(write_explained)
+    if handshake is not None:  # the processes adding their own files: the checkpoint is incomplete without them
+        metadata["expected_processes"] = handshake.announced()
     transaction.commit(metadata)
     if automatic:  # by every process that wrote a copy (one per machine without a shared file system)
         together("removing old checkpoints",
                  lambda: enforce_total_limit(folder.parent, project.total_limit, keep=folder)
                  if transaction.writes_shared_files else None, processes=processes)
+    if handshake is not None:
+        handshake.publish_outcome(save_id)
     project.iteration += 1
     return str(folder)

@@ -44,8 +44,8 @@ class Strategy:
     checkpoint_io = FullStateCheckpointIO()
     #: engine checkpoints the full-state reader reads whole (another backend's, for loading across strategies)
     engine_checkpoint_formats: tuple = (DeepSpeedCheckpointFormat(),)
-    #: whether one process holds the whole state, so the main process can save a complete checkpoint alone (when
-    #: only it calls ``save_state``, as diffusers' scripts do; ``checkpointing/participation.py``)
+    #: whether one process holds the whole state, so the main process writes a complete checkpoint alone and the
+    #: others only add their own files, if they call ``save_state`` at all (``checkpointing/participation.py``)
     saves_from_one_process: bool = True
     #: whether ``save_state(async_save=True)`` may write in a background thread (an engine that writes its own
     #: files collectively cannot)

@@ -56,6 +56,34 @@ def train(accelerator, model, optimizer, batches, steps: int) -> list:
     return losses
 
 
+def save_pretrained_everywhere_and_on_the_main_process(accelerator, model, expected: dict, work: Path) -> None:
+    """unwrap_model(model).save_pretrained(folder) with DTensor parameters (strategies/fsdp/save_pretrained.py)."""
+    import os
+
+    from transformers import GPT2LMHeadModel
+
+    from hasten.strategies.fsdp.save_pretrained import SavePretrainedOnOneProcessError
+
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.save_pretrained(work / "pretrained")  # every process: gathered, written by the main process
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        loaded = GPT2LMHeadModel.from_pretrained(work / "pretrained").state_dict()
+        check(all(torch.equal(loaded[k], expected[k]) for k in expected), "save_pretrained wrote the full weights")
+        os.environ["HASTEN_SAVE_PRETRAINED_JOIN_TIMEOUT"] = "0.5"
+        try:
+            unwrapped.save_pretrained(work / "main-only")  # the others never call it: they hold the other shards
+        except SavePretrainedOnOneProcessError as error:
+            check("every process must call it" in str(error), str(error))
+        else:
+            check(False, "a save_pretrained on the main process only of a sharded model did not stop")
+        unwrapped.save_pretrained(work / "given", state_dict=expected)  # the library's own method, on one process
+        check((work / "given" / "model.safetensors").is_file() and not (work / "main-only").exists(),
+              "save_pretrained(state_dict=...) writes as the library does; the refused call wrote nothing")
+    accelerator.wait_for_everyone()
+    print("ok: save_pretrained of the FSDP2 model, on every process and on the main process only", flush=True)
+
+
 def main(work: Path) -> None:
     accelerator, model, optimizer, loader = build()
     blocks = list(model.transformer.h)  # the GPT2Block layers
@@ -67,6 +95,7 @@ def main(work: Path) -> None:
     expected = train(accelerator, model, optimizer, batches, 3)
     expected_weights = accelerator.get_state_dict(model)
     print("ok: GPT-2 wrapped by its _no_split_modules trains", flush=True)
+    save_pretrained_everywhere_and_on_the_main_process(accelerator, model, expected_weights, work)
 
     accelerator, model, optimizer, loader = build()  # a fresh run: new objects, new random state
     torch.manual_seed(1234)

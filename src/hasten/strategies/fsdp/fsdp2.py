@@ -21,6 +21,7 @@ from ...checkpointing.optimizer_names import by_name, by_position, clean_name, i
 from ...config.enums import DistributedType
 from ..base import Strategy
 from .sharding import shard_with_plugin
+from .save_pretrained import gather_in_save_pretrained
 from .wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
 
 __all__ = ["FSDP2Strategy"]
@@ -98,6 +99,7 @@ class FSDP2Strategy(Strategy):
                 model = model.to(self.state.device)
             originals.update({id(p): clean_name(n) for n, p in model.named_parameters()})
             model = self.shard_model(self.precision.wrap_forward(model))
+            gather_in_save_pretrained(model)  # its save_pretrained() writes the full weights (save_pretrained.py)
             prepared.append(compile_model(model) if compile_model is not None else model)
         for optimizer in optimizers:  # names in the optimizer's own order: its state's positions in a checkpoint
             if _holds_originals(optimizer, originals):
