@@ -25,10 +25,12 @@ $(RUNTIME_STAMP): pyproject.toml Makefile
 # otherwise every fresh clone compiles them again on first use
 # The test extras go in through uv, which installs the same releases as pip (same resolution, checked side by side)
 # in about 20 s against pip's 130 s here; torch stays pip's (pip's configuration picks the local CPU wheel) and
-# uv keeps it. Where uv cannot be installed or cannot reach its index, pip installs them as before.
+# uv keeps it. --compile-bytecode as pip does: with PYTHONDONTWRITEBYTECODE set (as on CI) nothing would ever write
+# the .pyc files, and every process would compile transformers & co. again. Where uv cannot be installed or cannot
+# reach its index, pip installs them as before.
 $(TEST_STAMP): $(RUNTIME_STAMP)
 	$(if $(findstring deepspeed,$(TEST_EXTRAS)),$(PY) build_support/deepspeed_cpu_ops.py)
-	( $(PY) -m pip install -q uv && $(VENV)/bin/uv pip install -q --python $(PY) -e ".[$(TEST_EXTRAS)]" ) \
+	( $(PY) -m pip install -q uv && $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e ".[$(TEST_EXTRAS)]" ) \
 	    || $(PY) -m pip install -q -e ".[$(TEST_EXTRAS)]"
 	touch $(TEST_STAMP)
 
