@@ -3,8 +3,10 @@
 Order: the strategy collects every state (``Strategy.collect_checkpoint``: a full-state ``Snapshot`` by
 default), a folder is staged (``transaction.py``), the save hooks run, the strategy writes its files into the
 staging folder (``Strategy.write_checkpoint``; ``layout.py`` names the default ones), the folder is completed
-atomically (``atomic.py``: the marker lists every process's files), then, with automatic naming, checkpoints
-beyond ``total_limit`` are deleted (``rotation.py``). The transaction is the same for every strategy.
+atomically (``atomic.py``: the marker lists the files of every process that took part), then, with automatic
+naming, checkpoints beyond ``total_limit`` are deleted (``rotation.py``). The transaction is the same for every
+strategy. Who takes part is settled first (``participation.py``): every process for sharded backends; under one
+process per replica the main process alone, the others adding their own files afterwards (``contributions.py``).
 """
 from __future__ import annotations
 
