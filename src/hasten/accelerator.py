@@ -312,8 +312,56 @@ class Accelerator:
 
     @property
     def multi_device(self) -> bool:
-        """Whether several processes each drive one accelerator or CPU (plain data parallelism: DDP)."""
+        """Whether several processes each drive one accelerator device (GPU, XPU, NPU ...) as plain data-parallel
+        ranks: False on CPUs, as the reference answers (``_data_parallel_processes`` counts CPU processes too)."""
+        return self._data_parallel_processes and self.distributed_type.name != "MULTI_CPU"
+
+    @property
+    def _data_parallel_processes(self) -> bool:
+        """Whether several processes, on accelerators or CPUs, are plain data-parallel ranks (DDP): what
+        ``join_uneven_inputs`` and ``ParallelismConfig``'s check of the process count ask."""
         return self.use_distributed and self.distributed_type.name.startswith("MULTI_")
+
+    # The kwargs handlers the run was given, by kind, as the reference's attributes of the same names (read-only)
+    ddp_handler = property(lambda self: self._handler("DistributedDataParallelKwargs"))
+    scaler_handler = property(lambda self: self._handler("GradScalerKwargs"))
+    init_handler = property(lambda self: self._handler("InitProcessGroupKwargs"))
+    autocast_handler = property(lambda self: self._handler("AutocastKwargs"))
+    profile_handler = property(lambda self: self._handler("ProfileKwargs"))
+    fp8_recipe_handler = property(lambda self: self._handler("FP8RecipeKwargs"))
+    te_recipe_handler = property(lambda self: self._handler("TERecipeKwargs"))
+    msamp_recipe_handler = property(lambda self: self._handler("MSAMPRecipeKwargs"))
+
+    def _handler(self, kind: str):
+        """The kwargs handler of class ``kind`` given in ``kwargs_handlers``; None without one."""
+        return next((handler for cls, handler in self.handlers.items() if cls.__name__ == kind), None)
+
+    @property
+    def ao_recipe_handler(self):
+        """The ``AORecipeKwargs`` fp8 trains with: the one given, or under ``mixed_precision="fp8"`` the default one
+        the run made (torchao is hasten's fp8 library); None otherwise."""
+        return self._handler("AORecipeKwargs") or getattr(self.precision, "recipe", None)
+
+    @property
+    def fp8_enabled(self) -> bool:
+        """Whether the run trains in fp8 (``mixed_precision="fp8"``)."""
+        return self.mixed_precision == "fp8"
+
+    @property
+    def has_fp8_handler(self) -> bool:
+        """Whether an fp8 recipe is in use: one given in ``kwargs_handlers``, or the default one fp8 makes."""
+        return self.fp8_enabled or any(cls.__name__.endswith("RecipeKwargs") for cls in self.handlers)
+
+    @property
+    def delayed_fp8_autocast(self) -> bool:
+        """False: the reference delays fp8 autocast for Transformer Engine only; hasten's fp8 runs on torchao."""
+        return False
+
+    @property
+    def has_lomo_optimizer(self) -> bool:
+        """Whether a prepared optimizer is one of ``lomo_optim``'s (``Lomo``, ``AdaLomo``)."""
+        return any(type(getattr(optimizer, "optimizer", optimizer)).__module__.startswith("lomo_optim")
+                   for optimizer in self._optimizers)
 
     @property
     def deepspeed_plugin(self):
@@ -850,7 +898,7 @@ class Accelerator:
         joinables = list(joinables)
         # DDP models and other torch Joinables (also behind torch.compile, which forwards their attributes)
         usable = [joinable for joinable in joinables if callable(getattr(joinable, "join_hook", None))]
-        if not self.multi_device:  # a single process, or a sharded backend that has no Join support
+        if not self._data_parallel_processes:  # a single process, or a sharded backend that has no Join support
             usable = []
             warnings.warn(
                 "join_uneven_inputs has no effect " + (

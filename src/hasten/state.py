@@ -149,17 +149,19 @@ def _device_from_env() -> Optional[torch.device]:
     return device
 
 
-def launched_backend_type(launched: bool, process_kind: DistributedType) -> DistributedType:
-    """The type a launched process's PartialState reports before any Accelerator: ``DEEPSPEED`` when it was started
-    for DeepSpeed (``hasten launch --use_deepspeed``, a config file's ``distributed_type: DEEPSPEED``, or transformers'
-    ``TrainingArguments(deepspeed=...)``, which sets ``ACCELERATE_USE_DEEPSPEED=true`` before it makes its state), as
-    the reference's PartialState says; else ``process_kind`` (NO, MULTI_CPU, MULTI_GPU, ...). ``launched``: more
+def launched_backend_type(launched: bool, process_kind: DistributedType,
+                          deepspeed_chosen: bool = False) -> DistributedType:
+    """The type a launched process's PartialState reports: ``DEEPSPEED`` when it was started for DeepSpeed
+    (``hasten launch --use_deepspeed``, a config file's ``distributed_type: DEEPSPEED``, or transformers'
+    ``TrainingArguments(deepspeed=...)``, which sets ``ACCELERATE_USE_DEEPSPEED=true`` before it makes its state) or
+    when it is made for an Accelerator given a DeepSpeed plugin (``deepspeed_chosen``), as the reference's
+    PartialState says; else ``process_kind`` (NO, MULTI_CPU, MULTI_GPU, ...). ``launched``: more
     than one process, or ``LOCAL_RANK`` set. The other backends show only in the AcceleratorState, once the
     Accelerator builds them, as in the reference. For DeepSpeed, DeepSpeed's own communication layer is joined to
     the process group here, as the reference's state does: transformers builds ``deepspeed.zero.Init`` from the
     config before any Accelerator, and that config counts the processes through it (a world of one otherwise, so
     its batch sizes do not multiply out)."""
-    if launched and get_flag_setting("use_deepspeed"):
+    if launched and (deepspeed_chosen or get_flag_setting("use_deepspeed")):
         if dist.is_available() and dist.is_initialized():
             from .core.imports import require_deepspeed
 
@@ -174,6 +176,7 @@ class PartialState:
 
     Parameters:
         cpu: force the CPU even when an accelerator is present (also ``HASTEN_USE_CPU=1``).
+        _for_deepspeed: made by an ``AcceleratorState`` that holds a DeepSpeed plugin (``launched_backend_type``).
         **kwargs: passed to ``torch.distributed.init_process_group`` (``backend``, ``timeout``, ``init_method``).
     """
 
@@ -184,7 +187,7 @@ class PartialState:
         "local_process_index", "fork_launched", "debug",
     ]
 
-    def __init__(self, cpu: bool = False, **kwargs):
+    def __init__(self, cpu: bool = False, _for_deepspeed: bool = False, **kwargs):
         self.__dict__ = self._shared_state
         if self.initialized:
             if cpu and self.device.type != "cpu":
@@ -218,7 +221,7 @@ class PartialState:
             self.backend = dist.get_backend()
             self.distributed_type = _MULTI_TYPE[device_type]
         self.distributed_type = launched_backend_type(world_size > 1 or "LOCAL_RANK" in os.environ,
-                                                      self.distributed_type)
+                                                      self.distributed_type, _for_deepspeed)
         if device_type == "cpu" and chosen is not None and chosen.type == "cpu" and chosen.index is not None:
             warnings.warn(
                 f"HASTEN_TORCH_DEVICE / ACCELERATE_TORCH_DEVICE={str(chosen)!r}: torch keeps every CPU tensor on "
@@ -489,7 +492,7 @@ class AcceleratorState:
                     f"changed to {mixed_precision!r}. Call AcceleratorState._reset_state() first (tests only)."
                 )
             return
-        self._partial = PartialState(cpu, **kwargs)
+        self._partial = PartialState(cpu, _for_deepspeed=deepspeed_plugin is not None, **kwargs)
         self._mixed_precision = (PrecisionType.parse(mixed_precision, "mixed_precision").value if _from_accelerator
                                  else resolve_mixed_precision(mixed_precision))
         self.dynamo_plugin = dynamo_plugin
@@ -617,6 +620,11 @@ class AcceleratorState:
         """Tear down the process group (at the end of a run); safe to call when none exists, and on a state
         object kept across ``_reset_state()`` (the process group outlives the reset)."""
         PartialState().destroy_process_group(group)
+
+    def __dir__(self) -> list:
+        # the process facts answered from the PartialState are attributes too (scripts and libraries list them)
+        partial = self.__dict__.get("_partial")
+        return sorted(set(super().__dir__()) | set(dir(partial) if partial is not None and partial.__dict__ else ()))
 
     def __getattr__(self, name: str):
         # Process facts (device, ranks, collectives) live in PartialState; answer them from there.

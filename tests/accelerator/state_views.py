@@ -1,10 +1,10 @@
 """What a script reads from the state, for every way a backend can be chosen: run once with the reference library
 and once with hasten behind ``HASTEN_AS_ACCELERATE=1`` (tests/accelerator/test_state_views.py compares the two).
 
-    python state_views.py OUT.json DEEPSPEED_CONFIG.json
+    torchrun --nproc_per_node N state_views.py OUT DEEPSPEED_CONFIG.json
 
-One process, the launcher's environment of a one-process job set by hand, one scenario after the other (the state
-is reset between them). Each scenario records the attributes of ``Accelerator``, ``AcceleratorState``,
+Each process runs one scenario after the other (the state is reset between them) and writes what it read to
+``OUT.rank<R>.json``. Each scenario records the attributes of ``Accelerator``, ``AcceleratorState``,
 ``PartialState`` and ``GradientState`` that libraries and example scripts read.
 """
 import json
@@ -16,9 +16,6 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState, PartialState
 from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
-
-JOB = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-
 
 def plugin_view(plugin):
     if plugin is None:
@@ -43,45 +40,69 @@ def read(obj, name: str, view=lambda value: value):
         return ABSENT
 
 
+def simple(value):
+    """A value as JSON can hold it and both libraries can be compared on: plain values as they are, enums and devices
+    as text, containers by their kind and length, any other object by its class name."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (torch.device, torch.dtype)) or type(value).__module__ == "enum" or hasattr(value, "_value_"):
+        return str(value)
+    if isinstance(value, (list, tuple, dict, set)):
+        return f"{type(value).__name__} of {len(value)}"
+    return f"<{type(value).__name__}>"
+
+
+def sweep(prefix: str, obj) -> dict:
+    """Every public attribute of ``obj`` that is not a method, as ``simple`` shows it, named ``prefix.name``; what
+    raises, as the error's class (the test skips attributes the reference cannot answer)."""
+    found = {}
+    for name in dir(obj):
+        if name.startswith("_"):
+            continue
+        try:
+            value = getattr(obj, name)
+        except Exception as error:  # noqa: BLE001 - recorded: an attribute that raises is part of what a script sees
+            found[f"{prefix}.{name}"] = f"<raises {type(error).__name__}>"
+            continue
+        if callable(value) and not isinstance(value, torch.nn.Module):
+            continue
+        found[f"{prefix}.{name}"] = simple(value)
+    return found
+
+
 def views(accelerator: Accelerator) -> dict:
+    """Every attribute of the four objects (``sweep``), and, deeper, what the plugins say and what ``repr`` prints."""
     state, partial, gradients = AcceleratorState(), PartialState(), GradientState()
     return {
-        "state.distributed_type": str(state.distributed_type),
+        **sweep("accelerator", accelerator), **sweep("state", state), **sweep("partial", partial),
+        **sweep("gradients", gradients),
         "state.repr.first_line": repr(state).splitlines()[0],
         "state.repr.has_ds_config": "ds_config:" in repr(state),
-        "state.mixed_precision": state.mixed_precision,
-        "state.deepspeed_plugin": read(state, "deepspeed_plugin", plugin_view),
-        "state.fsdp_plugin": read(state, "fsdp_plugin", plugin_view),
-        "state.is_fsdp2": read(state, "is_fsdp2"),
-        "state.num_processes": state.num_processes,
-        "state.use_distributed": state.use_distributed,
-        "state.megatron_lm_plugin": read(state, "megatron_lm_plugin", plugin_view),
-        "partial.distributed_type": str(partial.distributed_type),
-        "partial.num_processes": partial.num_processes,
-        "accelerator.distributed_type": str(accelerator.distributed_type),
-        "accelerator.deepspeed_plugin": read(accelerator, "deepspeed_plugin", plugin_view),
+        "state.deepspeed_plugin.view": read(state, "deepspeed_plugin", plugin_view),
+        "state.fsdp_plugin.view": read(state, "fsdp_plugin", plugin_view),
+        "state.megatron_lm_plugin.view": read(state, "megatron_lm_plugin", plugin_view),
+        "accelerator.deepspeed_plugin.view": read(accelerator, "deepspeed_plugin", plugin_view),
         "accelerator.deepspeed_plugin_is_the_state's": read(accelerator, "deepspeed_plugin")
         is read(state, "deepspeed_plugin"),
-        "accelerator.is_fsdp2": accelerator.is_fsdp2,
-        "accelerator.mixed_precision": accelerator.mixed_precision,
-        "accelerator.use_distributed": accelerator.use_distributed,
-        "accelerator.num_processes": accelerator.num_processes,
-        "accelerator.gradient_accumulation_steps": accelerator.gradient_accumulation_steps,
-        "gradients.num_steps": gradients.num_steps,
-        "gradients.sync_gradients": gradients.sync_gradients,
     }
 
 
 def scenarios(ds_config: str):
     """(name, environment, Accelerator keyword arguments) — each way a backend reaches the Accelerator."""
-    fsdp = {"ACCELERATE_USE_FSDP": "true"}
+    # Several CPU processes: what `accelerate launch --multi_cpu` sets, without which each of the reference's ranks runs
+    # alone (hasten forms the group either way: docs/migration.md). The reference's DeepSpeed ignores it.
+    cpu = {"ACCELERATE_USE_CPU": "true"} if int(os.environ["WORLD_SIZE"]) > 1 else {}
+    fsdp = {**cpu, "ACCELERATE_USE_FSDP": "true"}
     return [
-        ("plain", {}, {}),
-        ("bf16 from the launcher", {"ACCELERATE_MIXED_PRECISION": "bf16"}, {}),
-        ("fsdp2 argument", {}, {"fsdp_plugin": lambda: FullyShardedDataParallelPlugin(fsdp_version=2)}),
+        ("plain", cpu, {}),
+        ("bf16 from the launcher", {**cpu, "ACCELERATE_MIXED_PRECISION": "bf16"}, {}),
+        ("bf16 argument", cpu, {"mixed_precision": lambda: "bf16"}),
+        ("fsdp2 argument", cpu, {"fsdp_plugin": lambda: FullyShardedDataParallelPlugin(fsdp_version=2)}),
         ("fsdp2 from the launcher", {**fsdp, "FSDP_VERSION": "2"}, {}),
         ("fsdp1 from the launcher", {**fsdp, "FSDP_VERSION": "1"}, {}),
+        ("fsdp1 argument", cpu, {"fsdp_plugin": lambda: FullyShardedDataParallelPlugin(fsdp_version=1)}),
         ("deepspeed argument", {}, {"deepspeed_plugin": lambda: DeepSpeedPlugin(zero_stage=2)}),
+        ("deepspeed config file argument", {}, {"deepspeed_plugin": lambda: DeepSpeedPlugin(hf_ds_config=ds_config)}),
         ("deepspeed from the launcher", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2",
                                          "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "1"}, {}),
         ("deepspeed from a config file", {"ACCELERATE_USE_DEEPSPEED": "true",
@@ -96,8 +117,6 @@ def reset() -> None:
 
 
 def main(out: str, ds_config: str) -> None:
-    os.environ.update(JOB)
-    os.environ["MASTER_PORT"] = os.environ.get("STATE_VIEWS_PORT", "29533")
     results = {}
     for name, env, kwargs in scenarios(ds_config):
         before = dict(os.environ)
@@ -116,7 +135,7 @@ def main(out: str, ds_config: str) -> None:
             os.environ.clear()
             os.environ.update(before)
             reset()
-    with open(out, "w") as handle:
+    with open(f"{out}.rank{os.environ['RANK']}.json", "w") as handle:
         json.dump(results, handle, indent=1, sort_keys=True)
 
 

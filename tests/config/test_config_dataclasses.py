@@ -62,8 +62,10 @@ def test_profile_kwargs_builds_a_profiler():
 
 def test_gradient_accumulation_plugin():
     plugin = GradientAccumulationPlugin(num_steps=4)
-    assert plugin.to_kwargs() == {"num_steps": 4, "adjust_scheduler": True, "sync_with_dataloader": True,
-                                  "sync_each_batch": False}
+    # the options that differ from their defaults, as every kwargs handler of the reference answers
+    assert plugin.to_kwargs() == {"num_steps": 4}
+    assert GradientAccumulationPlugin(num_steps=2, sync_each_batch=True).to_kwargs() == {"num_steps": 2,
+                                                                                        "sync_each_batch": True}
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="num_steps"):
             GradientAccumulationPlugin(num_steps=bad)

@@ -14,7 +14,9 @@ class GradientAccumulationPlugin:
     """Options of gradient accumulation.
 
     num_steps: batches per optimizer step (>= 1).
-    adjust_scheduler: step a prepared scheduler once per optimizer step, not once per batch.
+    adjust_scheduler: accepted as the reference accepts it; a prepared scheduler steps once per optimizer step either
+        way (the reference's ``GradientState.adjust_scheduler`` reads it from ``to_kwargs``, which leaves the
+        default ``True`` out, so it answers False unless set to False: hasten answers the same).
     sync_with_dataloader: the last batch of a loader always ends an accumulation cycle.
     sync_each_batch: synchronise gradients on every batch (less memory with DDP, slower).
     """
@@ -31,4 +33,8 @@ class GradientAccumulationPlugin:
             raise ValueError(f"num_steps (gradient accumulation steps) must be an int >= 1, got {self.num_steps!r}.")
 
     def to_kwargs(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The options set to something other than their default, as the reference's kwargs handlers answer (what
+        ``GradientState.plugin_kwargs`` holds)."""
+        defaults = type(self)()
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != getattr(defaults, f.name)}

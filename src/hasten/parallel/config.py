@@ -363,7 +363,7 @@ class ParallelismConfig:
 
     def _validate_accelerator(self, accelerator):
         num_processes = accelerator.num_processes
-        multi_device = getattr(accelerator, "multi_device", num_processes > 1)
+        multi_device = getattr(accelerator, "_data_parallel_processes", num_processes > 1)
         if not multi_device and self.total_size == 1:
             return
         if self.total_size == 1:
