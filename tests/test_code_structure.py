@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 
@@ -345,3 +346,38 @@ def test_backend_branches_live_in_the_strategies():
                                                                          for f, name, line, b in found))
     allowed_present = {entry[:2] for entry in backend_branches()}
     assert ALLOWED_BRANCHES <= allowed_present, f"ALLOWED_BRANCHES lists gone branches: {ALLOWED_BRANCHES - allowed_present}"
+
+
+# ----------------------------------------------------------------------------- words that say what the code does
+# A source path as docstrings, comments and docs write it: folders and a file name ending in .py (``room/file.py``)
+PATH_MENTION = re.compile(r"(?<![\w./-])((?:[a-z_0-9]+/)+[a-z_0-9]+\.py)\b")
+
+
+def stale_path_mentions(project: Path) -> list:
+    """``file:line: path`` for every source path named in ``project``'s package, docs and README that exists nowhere:
+    a path counts when it is relative to the project, to ``src/``, to the package, or the tail of any file there
+    (``fsdp/fsdp2.py``). ``path/to/...`` placeholders are skipped."""
+    tops = [entry for entry in project.iterdir() if entry.name not in (".venv", ".git", "build")]
+    files = {path.relative_to(project).as_posix() for top in tops
+             for path in ([top] if top.suffix == ".py" else top.rglob("*.py") if top.is_dir() else [])}
+    tails = {"/".join(parts[i:]) for parts in (name.split("/") for name in files) for i in range(len(parts))}
+    stale = []
+    texts = [*sorted((project / "src").rglob("*.py")), *sorted((project / "docs").rglob("*.md")), project / "README.md"]
+    for text in filter(Path.exists, texts):
+        for number, line in enumerate(text.read_text(errors="ignore").splitlines(), 1):
+            for path in PATH_MENTION.findall(line):
+                if not path.startswith("path/to/") and path not in tails:
+                    stale.append(f"{text.relative_to(project)}:{number}: {path}")
+    return stale
+
+
+def test_the_path_scan_finds_a_path_that_is_gone(tmp_path):
+    _write(tmp_path, {"src/pkg/room/real.py": '"""Works with room/real.py, pkg/room/real.py and path/to/x.py."""\n',
+                      "docs/a.md": "See `room/gone.py` and src/pkg/room/real.py.\n"})
+    assert stale_path_mentions(tmp_path) == ["docs/a.md:1: room/gone.py"]
+
+
+def test_every_source_path_a_docstring_or_doc_names_exists():
+    stale = stale_path_mentions(SOURCE_ROOT.parent)
+    assert not stale, "Paths named in docstrings, comments or docs that do not exist (say what the code does " \
+                      "today):\n" + "\n".join(stale)

@@ -3,8 +3,9 @@
 Both are real configuration objects: the plugin resolves unset fields from the launcher's environment
 (``HASTEN_DEEPSPEED_<OPTION>``, or ``ACCELERATE_DEEPSPEED_<OPTION>``), validates them, and builds (or fills in) the
 DeepSpeed config dict exactly as Accelerate does, so ``plugin.deepspeed_config`` can be inspected and written out.
-``Accelerator(deepspeed_plugin=...)`` trains with it (``strategies/deepspeed.py`` fills the ``"auto"`` values and
-builds the engines); deepspeed is imported here only by ``zero3_init`` and ``set_moe_leaf_modules``.
+``Accelerator(deepspeed_plugin=...)`` trains with it (``strategies/deepspeed/auto_config.py`` fills the ``"auto"``
+values, ``strategies/deepspeed/strategy.py`` builds the engines); deepspeed is imported here only by ``zero3_init``
+and ``set_moe_leaf_modules``.
 """
 from __future__ import annotations
 
@@ -235,7 +236,7 @@ class DeepSpeedPlugin:
             self.hf_ds_config = HfDeepSpeedConfig(self.hf_ds_config)
         self._config_given = True  # its explicit values are the user's: a contradiction is an error
         config = self.hf_ds_config.config
-        # absent, it follows the Accelerator (strategies/deepspeed_config.py); 1 here, as the reference library has it
+        # absent, it follows the Accelerator (strategies/deepspeed/auto_config.py); 1 here, as the reference has it
         self._accumulation_given = "gradient_accumulation_steps" in config
         config.setdefault("gradient_accumulation_steps", 1)
         if "zero_optimization" not in config:

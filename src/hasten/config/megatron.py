@@ -5,7 +5,7 @@ The plugin is a real configuration object: unset fields come from the launcher's
 ``megatron_lm_default_args`` holds the Megatron arguments they map to, as in Accelerate. The model-config parsers
 (``parse_gpt2_config`` ...) fill in the network sizes from a Transformers model's config. Given to
 ``Accelerator(megatron_lm_plugin=...)``, the plugin trains on hasten's torch-native engine
-(``strategies/megatron.py``); megatron is never imported here.
+(``strategies/model_parallel/megatron.py``); megatron is never imported here.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Environment variables read and changed, without any other part of hasten: the names ``HASTEN_<SETTING>``,
 parsing their values (booleans, integers), and changing them for a while.
 
-The modules that need these (``hardware.py``, ``imports.py``, the settings reader ``config/env_aliases.py``)
+The modules that need these (``hardware.py``, ``imports.py``, the settings reader ``core/env_aliases.py``)
 import them from here, not from ``environment.py``, which gathers several of those modules under Accelerate's
 names and so would import them back.
 """

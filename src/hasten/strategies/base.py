@@ -192,8 +192,8 @@ class Strategy:
         return None
 
     def context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
-        """The block of one context-parallel step (``parallel/context_parallel.py``), or None when this run splits
-        no sequence (``cp_size`` 1)."""
+        """The block of one context-parallel step (``strategies/model_parallel/context_parallel.py``), or None when
+        this run splits no sequence (``cp_size`` 1)."""
         layout = self.layout
         if layout is None or layout.cp == 1:
             return None

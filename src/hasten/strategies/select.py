@@ -21,7 +21,7 @@ __all__ = ["select_strategy", "requested_backend"]
 
 
 def _fsdp(state, settings, dims, plugin=None) -> Strategy:
-    """FSDP2 (``strategies/fsdp.py``); without a plugin, one read from the launcher's ``FSDP_*`` environment,
+    """FSDP2 (``strategies/fsdp/fsdp2.py``); without a plugin, one read from the launcher's ``FSDP_*`` environment,
     or a default FSDP2 one when a ParallelismConfig's ``dp_shard_size`` asks for sharding."""
     from ..config.fsdp import FullyShardedDataParallelPlugin
     from .fsdp.fsdp1 import FSDP1Strategy
@@ -46,8 +46,9 @@ def _fsdp(state, settings, dims, plugin=None) -> Strategy:
 
 
 def _tensor_parallel(state, settings, dims, plugin=None, fsdp_plugin=None) -> Strategy:
-    """Tensor parallelism on DTensor (``strategies/model_parallel.py``), from a ParallelismConfig's ``tp_size`` or a
-    ``TorchTensorParallelPlugin`` (whose tp_size splits the processes into tp groups, the rest data parallel)."""
+    """Tensor parallelism on DTensor (``strategies/model_parallel/strategy.py``), from a ParallelismConfig's
+    ``tp_size`` or a ``TorchTensorParallelPlugin`` (whose tp_size splits the processes into tp groups, the rest data
+    parallel)."""
     from ..parallel import ParallelDims
     from .model_parallel.strategy import ModelParallelStrategy
 
@@ -74,7 +75,7 @@ def _tensor_parallel(state, settings, dims, plugin=None, fsdp_plugin=None) -> St
 
 
 def _deepspeed(state, settings, dims, plugin=None) -> Strategy:
-    """DeepSpeed ZeRO (``strategies/deepspeed.py``); without a plugin, one read from the launcher's
+    """DeepSpeed ZeRO (``strategies/deepspeed/strategy.py``); without a plugin, one read from the launcher's
     ``HASTEN_DEEPSPEED_*`` environment."""
     from .deepspeed.strategy import DeepSpeedStrategy
 
@@ -82,8 +83,8 @@ def _deepspeed(state, settings, dims, plugin=None) -> Strategy:
 
 
 def _megatron(state, settings, dims, plugin=None) -> Strategy:
-    """A ``MegatronLMPlugin`` on the torch-native model-parallel engine (``strategies/megatron.py``); without a
-    plugin, one read from the launcher's ``HASTEN_MEGATRON_LM_*`` environment."""
+    """A ``MegatronLMPlugin`` on the torch-native model-parallel engine (``strategies/model_parallel/megatron.py``);
+    without a plugin, one read from the launcher's ``HASTEN_MEGATRON_LM_*`` environment."""
     from .model_parallel.megatron import megatron_strategy
 
     return megatron_strategy(state, settings, dims, plugin)
@@ -139,7 +140,7 @@ def _needed_by_layout(dims) -> Optional[tuple]:
         wants.append(("tensor parallelism", f"pp_size={dims.pp}"))  # the same torch-native engine
     if dims.tp > 1:
         wants.append(("tensor parallelism", f"tp_size={dims.tp}"))
-    if dims.cp > 1:  # FSDP2 over dp_shard x cp (strategies/fsdp.py), the sequence split in maybe_context_parallel
+    if dims.cp > 1:  # FSDP2 over dp_shard x cp (strategies/fsdp/fsdp2.py), the sequence split in maybe_context_parallel
         wants.append(("FSDP (sharded data parallelism)", f"cp_size={dims.cp}"))
     if getattr(dims, "sp", 1) > 1:  # refused without DeepSpeed before this is asked (select_strategy)
         wants.append(("DeepSpeed sequence parallelism", f"sp_size={dims.sp}"))

@@ -1,7 +1,7 @@
 """Checks that a "complete" example script holds every feature of the small feature scripts beside it
 (Accelerate's ``accelerate.test_utils.examples``, same names and answers).
 
-An examples folder in Accelerate's layout has a template (``examples/nlp_example.py``), complete scripts
+An examples folder in Accelerate's layout has a template (``nlp_example.py`` in the folder), complete scripts
 (``complete_nlp_example.py``) and one script per feature (``examples/by_feature/*.py``), each a copy of the
 template with one feature added. ``compare_against_test`` finds the lines a feature script adds to the template
 and returns those the complete script lacks: an empty list means the complete script is up to date. Comments and
@@ -71,12 +71,12 @@ def _added_by_complete(section: list, template: list) -> list:
 
 def compare_against_test(base_filename, feature_filename, parser_only: bool,
                          secondary_filename: Optional[str] = None) -> list:
-    """The lines ``feature_filename`` adds to the template ``examples/nlp_example.py`` (read from the current
+    """The lines ``feature_filename`` adds to the folder's template ``nlp_example.py`` (read from the current
     folder) that ``base_filename``, a complete example, does not have; empty when it has them all.
 
     ``parser_only`` compares the ``main()`` sections (the argument parsers), otherwise the ``training_function()``
     sections. ``secondary_filename``: the template a complete example other than the NLP one was built from (such
-    as ``examples/cv_example.py``); lines of the NLP template that it does not have are not reported.
+    as the folder's ``cv_example.py``); lines of the NLP template that it does not have are not reported.
     """
     template_path = os.path.abspath(os.path.join("examples", "nlp_example.py"))
     template = _section(template_path, parser_only)

@@ -71,7 +71,7 @@ class FSDP2Strategy(Strategy):
             getattr(self.state, "_partial", self.state).start_single_process_group()
         self.state.distributed_type = DistributedType.FSDP  # what scripts check (AcceleratorState only)
         self.state.fsdp_plugin = self.plugin
-        if self.state.device.type == "cpu":  # freed shard buffers go back to the system (utils/allocator.py)
+        if self.state.device.type == "cpu":  # freed shard buffers go back to the system (core/allocator.py)
             from ...core.allocator import limit_heap_retention
 
             limit_heap_retention()

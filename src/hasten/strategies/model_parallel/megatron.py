@@ -1,7 +1,7 @@
 """``MegatronLMPlugin`` on hasten's torch-native engine: Megatron-style tensor / pipeline / data parallelism.
 
 ``Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2, ...))`` (or ``distributed_type: MEGATRON_LM`` in a
-config file) trains the user's own model with the model-parallel engine of ``strategies/model_parallel.py``:
+config file) trains the user's own model with the model-parallel engine of ``strategies/model_parallel/strategy.py``:
 
 - ``tp_degree`` / ``pp_degree`` become the ``tp`` / ``pp`` mesh dimensions and the remaining processes are data
   parallel: FSDP2-sharded with ``use_distributed_optimizer`` (parameters, gradients and optimizer state split over

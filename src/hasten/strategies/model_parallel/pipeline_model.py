@@ -2,7 +2,7 @@
 
 Each rank holds its stages of the model (``module``: those parts, under the names they have in the whole model, so
 state dicts, optimizers and checkpoints see the model's own names) and a pipeline schedule that runs them
-(``parallel/pipeline.py``). Called as a model:
+(``strategies/model_parallel/pipeline.py``). Called as a model:
 
 - training (``model.train()``): ``loss = model(inputs, target)`` runs the forward and the backward of every
   micro-batch (the loss is computed on the last stage with the config's ``loss_fn``) and returns the mean loss on

@@ -4,7 +4,7 @@ A ``ParallelismConfig(tp_size=N, ...)`` (or ``TorchTensorParallelPlugin(tp_size=
 model is split in torchtitan's order:
 
 1. **tensor parallelism**: the plan (``TorchTensorParallelConfig(tp_plan=...)``, else the model's ``_tp_plan``, else
-   its config's ``base_model_tp_plan``; see ``parallel/tp_plan.py``) applied with ``parallelize_module`` over the
+   its config's ``base_model_tp_plan``; see ``model_parallel/tp_plan.py``) applied with ``parallelize_module`` over the
    ``tp`` mesh dimension. A model whose parameters are DTensors already (transformers'
    ``from_pretrained(tp_plan="auto")``) is taken as it is;
 2. activation checkpointing and compilation, as the FSDP plugin and the run ask;
@@ -17,10 +17,10 @@ sample once, clipping reduces the norm over every mesh dimension, and checkpoint
 another layout (saved with TP=2, loaded with TP=1 or on one process).
 
 With ``pp_size > 1`` (pipeline parallelism, ``torch.distributed.pipelining``) the model is first cut into stages
-(``parallel/pipeline.py``); each rank keeps its stages, splits them over ``tp`` as above, shards each with FSDP2 over
-the data-parallel dimensions when there are several, and the prepared model is
-a ``PipelineModel`` (``parallel/pipeline_model.py``): ``loss = model(inputs, target)`` trains one batch, micro-batch
-by micro-batch. Gradient norms are summed over the pipeline ranks; checkpoints are DCP shards (each rank writes its
+(``model_parallel/pipeline.py``); each rank keeps its stages, splits them over ``tp`` as above, shards each with
+FSDP2 over the data-parallel dimensions when there are several, and the prepared model is a ``PipelineModel``
+(``model_parallel/pipeline_model.py``): ``loss = model(inputs, target)`` trains one batch, micro-batch by
+micro-batch. Gradient norms are summed over the pipeline ranks; checkpoints are DCP shards (each rank writes its
 stages), which load under another layout.
 """
 from __future__ import annotations
