@@ -349,14 +349,19 @@ def test_backend_branches_live_in_the_strategies():
 
 
 # ----------------------------------------------------------------------------- words that say what the code does
-# A source path as docstrings, comments and docs write it: folders and a file name ending in .py (``room/file.py``)
+# A source path as docstrings, comments and docs write it: folders and a file name ending in .py (``room/file.py``);
+# inside the package also a bare file name (``checks.py``), except the names of scripts that are the user's or
+# another project's, which the package mentions as examples
 PATH_MENTION = re.compile(r"(?<![\w./-])((?:[a-z_0-9]+/)+[a-z_0-9]+\.py)\b")
+BARE_MENTION = re.compile(r"(?<![\w./-])([a-z_0-9]+\.py)\b")
+NOT_OURS = {"train.py", "script.py", "model.py", "path.py", "placeholder.py", "zero_to_fp32.py", "nlp_example.py",
+            "complete_nlp_example.py", "cv_example.py"}
 
 
 def stale_path_mentions(project: Path) -> list:
     """``file:line: path`` for every source path named in ``project``'s package, docs and README that exists nowhere:
     a path counts when it is relative to the project, to ``src/``, to the package, or the tail of any file there
-    (``fsdp/fsdp2.py``). ``path/to/...`` placeholders are skipped."""
+    (``fsdp/fsdp2.py``). ``path/to/...`` placeholders are skipped; bare names are checked in ``src/`` only."""
     tops = [entry for entry in project.iterdir() if entry.name not in (".venv", ".git", "build")]
     files = {path.relative_to(project).as_posix() for top in tops
              for path in ([top] if top.suffix == ".py" else top.rglob("*.py") if top.is_dir() else [])}
@@ -364,17 +369,19 @@ def stale_path_mentions(project: Path) -> list:
     stale = []
     texts = [*sorted((project / "src").rglob("*.py")), *sorted((project / "docs").rglob("*.md")), project / "README.md"]
     for text in filter(Path.exists, texts):
+        in_package = text.suffix == ".py"
         for number, line in enumerate(text.read_text(errors="ignore").splitlines(), 1):
-            for path in PATH_MENTION.findall(line):
-                if not path.startswith("path/to/") and path not in tails:
+            found = PATH_MENTION.findall(line) + (BARE_MENTION.findall(line) if in_package else [])
+            for path in found:
+                if not path.startswith("path/to/") and path not in tails and path not in NOT_OURS:
                     stale.append(f"{text.relative_to(project)}:{number}: {path}")
     return stale
 
 
 def test_the_path_scan_finds_a_path_that_is_gone(tmp_path):
-    _write(tmp_path, {"src/pkg/room/real.py": '"""Works with room/real.py, pkg/room/real.py and path/to/x.py."""\n',
-                      "docs/a.md": "See `room/gone.py` and src/pkg/room/real.py.\n"})
-    assert stale_path_mentions(tmp_path) == ["docs/a.md:1: room/gone.py"]
+    _write(tmp_path, {"src/pkg/room/real.py": '"""Works with room/real.py, real.py and path/to/x.py, not gone.py."""\n',
+                      "docs/a.md": "See `room/gone.py` and src/pkg/room/real.py, run with gone.py.\n"})
+    assert stale_path_mentions(tmp_path) == ["src/pkg/room/real.py:1: gone.py", "docs/a.md:1: room/gone.py"]
 
 
 def test_every_source_path_a_docstring_or_doc_names_exists():

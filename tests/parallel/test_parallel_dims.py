@@ -375,3 +375,18 @@ def test_an_unknown_cp_comm_strategy_keeps_the_references_phrase():
 
     with pytest.raises(ValueError, match="Invalid cp_comm_strategy: invalid"):
         TorchContextParallelConfig(cp_comm_strategy="invalid")
+
+
+def test_a_handler_for_a_dimension_of_size_1_is_named_in_a_warning():
+    from hasten import Accelerator
+    from hasten.state import AcceleratorState
+    from hasten.utils import TorchTensorParallelConfig
+
+    config = ParallelismConfig(tp_handler=TorchTensorParallelConfig())
+    assert config.ignored_handlers() == ["tp"] and ParallelismConfig(tp_size=2).ignored_handlers() == []
+    AcceleratorState._reset_state(True)
+    try:
+        with pytest.warns(UserWarning, match="tp_handler is set but tp_size is 1, so it is ignored"):
+            Accelerator(cpu=True, parallelism_config=config)
+    finally:
+        AcceleratorState._reset_state(True)

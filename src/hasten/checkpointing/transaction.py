@@ -6,8 +6,8 @@ positions into the same staging folder. With ``save_on_each_node`` the main proc
 does not see the main process's folder (no shared file system) does the same on its own disk, and so does a
 process that was given a folder other than the main process's.
 
-The process that creates a staging folder takes its lock (``lock.py``), so a second job saving to the same
-folder stops with an error instead of deleting this one's files.
+The process that creates a staging folder takes its lock (``SaveLock`` in ``checkpointing/atomic.py``), so a second
+job saving to the same folder stops with an error instead of deleting this one's files.
 
 Each step ends with every process agreeing (``agreement.together``), so a failure anywhere stops all of
 them with an error, and the staging folder of a failed save is removed.

@@ -7,7 +7,7 @@ the identity: ``gather`` returns its input, ``reduce`` a copy, ...) and across p
 
 Mismatched shapes or dtypes across processes make the raw collectives abort the process (gloo) or silently
 corrupt data. So, by default, gather, gather_object, broadcast, broadcast_object_list, reduce and
-pad_across_processes first agree on a small header (collective_check.py) and raise
+pad_across_processes first agree on a small header (collectives/checks.py) and raise
 ``DistributedOperationException`` on every rank, naming every rank's inputs, instead. The header also
 carries the sizes that may differ, so ``gather`` takes tensors whose first dimension differs across ranks
 and the object collectives and ``pad_across_processes`` pay no extra collective. ``HASTEN_DEBUG_MODE=0`` or
@@ -43,7 +43,6 @@ from .checks import (
     gather_leaf,
     ndim_leaf,
     set_collective_checks,
-    signature,
 )
 from .object_exchange import broadcast_objects_checked, gather_objects_checked
 from .process_view import group_of
@@ -338,15 +337,6 @@ def _check_source(from_process, state, operation: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- mismatch check
-# The agreement check itself lives in collective_check.py; these names stay importable from here.
-_describe, _full_leaf, _ndim_leaf, _signature = describe, full_leaf, ndim_leaf, signature
-
-
-def _check_same_everywhere(operation: str, data, state, hint: str = "") -> None:
-    """Raise DistributedOperationException on every rank unless all inputs match (one small all-gather)."""
-    check_same_everywhere(operation, data, state, hint)
-
-
 def verify_operation(function):
     """Decorator for a collective taking ``tensor`` first: on several processes, with the collective checks on
     (the default; see ``collective_checks_enabled``), check first that every process passes the same

@@ -355,25 +355,8 @@ class ParallelismConfig:
         dims = sorted(self.active_mesh_dims, key=_MESH_ORDER.index)
         return (tuple(dims), tuple(self._sizes[d] for d in dims)) if dims else ()
 
-    def _set_size(self, parallelism: str, size: int):
-        if parallelism not in self._sizes:
-            raise ValueError(f"parallelism must be one of {list(self._sizes)}, got {parallelism!r}.")
-        self._sizes[parallelism] = size
-        setattr(self, f"{parallelism}_size", size)
-
-    def _validate_accelerator(self, accelerator):
-        num_processes = accelerator.num_processes
-        multi_device = getattr(accelerator, "_data_parallel_processes", num_processes > 1)
-        if not multi_device and self.total_size == 1:
-            return
-        if self.total_size == 1:
-            self._set_size("dp_replicate", num_processes)
-        if not (self.sp_backend == "deepspeed" and self.sp_size > 1) and self.total_size != num_processes:
-            raise ValueError(f"ParallelismConfig total_size ({self.total_size}) does not match num_processes "
-                             f"({num_processes}): adjust dp_replicate_size / dp_shard_size / tp_size / cp_size / "
-                             "sp_size.")
-        ignored = [name for name, size in self._sizes.items()
-                   if size == 1 and getattr(self, f"{name}_handler", None) is not None]
-        if ignored and accelerator.is_main_process:
-            warnings.warn("ParallelismConfig: " + "; ".join(
-                f"{name}_handler is set but {name}_size is 1, so it is ignored" for name in ignored))
+    def ignored_handlers(self) -> list:
+        """The dimensions whose handler is set while their size is 1: the handler changes nothing (the Accelerator
+        warns about each, as the reference does)."""
+        return [name for name, size in self._sizes.items()
+                if size == 1 and getattr(self, f"{name}_handler", None) is not None]

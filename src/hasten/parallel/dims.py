@@ -284,11 +284,15 @@ class ParallelDims:
         """The DeviceMesh if it was built (or adopted), else None; builds nothing."""
         return self._mesh
 
-    def adopt_mesh(self, mesh: "DeviceMesh") -> None:
-        """Use ``mesh``, built elsewhere, as this layout's: its dimension names must be this layout's."""
-        if tuple(mesh.mesh_dim_names or ()) != self.mesh_dim_names:
-            raise ValueError(f"The device mesh has dimensions {mesh.mesh_dim_names}, not {self.mesh_dim_names}: it "
-                             "was built for other sizes.")
+    def adopt_mesh(self, mesh: "DeviceMesh", given_as: str = "The device mesh") -> None:
+        """Use ``mesh``, built elsewhere, as this layout's: its dimension names and sizes must be this layout's
+        (``given_as`` names it in the error)."""
+        names, shape = tuple(mesh.mesh_dim_names or ()), tuple(mesh.shape)
+        if names != self.mesh_dim_names or shape != tuple(self.mesh_shape):
+            raise ValueError(f"{given_as} has dimensions {names} of sizes {shape}; this run's layout is "
+                             f"{self.mesh_dim_names} of sizes {tuple(self.mesh_shape)}: build it with "
+                             f"init_device_mesh(device_type, {tuple(self.mesh_shape)}, "
+                             f"mesh_dim_names={self.mesh_dim_names}), or leave it out.")
         self._flattened = {name: mesh[list(dims)]._flatten(name) for name, dims in self.flattened_dim_names.items()}
         self._mesh = mesh
 

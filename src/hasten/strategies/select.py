@@ -48,7 +48,8 @@ def _fsdp(state, settings, dims, plugin=None) -> Strategy:
 def _tensor_parallel(state, settings, dims, plugin=None, fsdp_plugin=None) -> Strategy:
     """Tensor parallelism on DTensor (``strategies/model_parallel/strategy.py``), from a ParallelismConfig's
     ``tp_size`` or a ``TorchTensorParallelPlugin`` (whose tp_size splits the processes into tp groups, the rest data
-    parallel)."""
+    parallel; its ``torch_device_mesh``, when given, becomes the run's mesh if it has this layout's dimensions and
+    sizes, and is refused otherwise: the reference ignores it)."""
     from ..parallel import ParallelDims
     from .model_parallel.strategy import ModelParallelStrategy
 
@@ -60,7 +61,11 @@ def _tensor_parallel(state, settings, dims, plugin=None, fsdp_plugin=None) -> St
         if dims is not None and dims.tp not in (1, plugin.tp_size):
             raise ValueError(f"torch_tp_plugin has tp_size={plugin.tp_size} and the ParallelismConfig tp_size="
                              f"{dims.tp}: give one of them.")
+        mesh = plugin.torch_device_mesh
         if plugin.tp_size == 1 and (dims is None or dims.tp == 1):
+            if mesh is not None and mesh.size() > 1 and "tp" in (mesh.mesh_dim_names or ()):
+                raise ValueError(f"TorchTensorParallelPlugin(tp_size=1) was given a torch_device_mesh with a 'tp' "
+                                 f"dimension of size {mesh['tp'].size()}: set tp_size to it, or leave the mesh out.")
             return _default(state, settings, dims)  # nothing to split
         if dims is None or dims.tp == 1:
             world = state.num_processes
@@ -68,6 +73,8 @@ def _tensor_parallel(state, settings, dims, plugin=None, fsdp_plugin=None) -> St
                 raise ValueError(f"TorchTensorParallelPlugin(tp_size={plugin.tp_size}) does not divide the "
                                  f"{world} processes: launch a multiple of {plugin.tp_size}.")
             dims = ParallelDims(dp_replicate=world // plugin.tp_size, tp=plugin.tp_size, world_size=world)
+        if mesh is not None:  # the user's mesh is the run's, once it is checked to be this layout's
+            dims.adopt_mesh(mesh, given_as="TorchTensorParallelPlugin.torch_device_mesh")
     config = getattr(dims, "_config", None)
     return ModelParallelStrategy(state, settings, dims, fsdp_plugin,
                                  tp_plan=getattr(getattr(config, "tp_handler", None), "tp_plan", None),

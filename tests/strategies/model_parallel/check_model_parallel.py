@@ -9,7 +9,9 @@
 4. a transformers Llama built from a tiny config (no download), split with its own ``base_model_tp_plan``, TP=2,
    matching single-process training;
 5. a checkpoint saved with TP=2 loads on one process (the test reads it with TP=1 afterwards);
-6. invalid plans and layouts refused with the reason, before any work.
+6. invalid plans and layouts refused with the reason, before any work;
+7. ``TorchTensorParallelPlugin(torch_device_mesh=...)``: the user's mesh is the one the model is split over, and a
+   mesh of another layout is refused before any work (the reference ignores the mesh).
 
 Prints ``MODEL PARALLEL CHECKS PASSED``.
 """
@@ -236,11 +238,37 @@ def check_bad_plans() -> None:
     say(accelerator, "ok: bad plans are refused with the reason")
 
 
+def check_tp_plugin_mesh() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from hasten.utils import TorchTensorParallelPlugin
+
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin(tp_size=2, torch_device_mesh=mesh))
+    weight = accelerator.prepare(TinyGPT()).layers[0].fc1.weight  # split by the model's own _tp_plan
+    check(accelerator.strategy.layout.built_mesh is mesh, "the plugin's mesh is the run's")
+    check(isinstance(weight, DTensor) and weight.device_mesh == mesh, "the plugin's mesh splits the model")
+    rows = init_device_mesh("cpu", (2,), mesh_dim_names=("rows",))
+    AcceleratorState._reset_state()
+    expect_error(lambda: Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin(tp_size=2,
+                                                                                         torch_device_mesh=rows)),
+                 "torch_device_mesh has dimensions ('rows',)", "('tp',)")
+    AcceleratorState._reset_state()
+    expect_error(lambda: Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin(tp_size=1,
+                                                                                         torch_device_mesh=mesh)),
+                 "tp_size=1", "size 2")
+    AcceleratorState._reset_state()  # the refused plugin stays in the state (issue 38: register the run once valid)
+    say(Accelerator(cpu=True), "ok: the tp plugin's mesh is used, and one of another layout is refused")
+
+
 def main(work: Path) -> None:
     check_tiny_gpt(work)
     check_loss_parallel()
     check_llama()
     check_bad_plans()
+    check_tp_plugin_mesh()
     say(Accelerator(cpu=True), "MODEL PARALLEL CHECKS PASSED")
 
 

@@ -14,7 +14,7 @@ Loading picks the fastest exact path:
 
 - a DeepSpeed checkpoint with this engine's layout (ZeRO stage, data-parallel size, dtype): ``engine.load_checkpoint``;
 - a DeepSpeed checkpoint of another layout: rebuilt into full fp32 weights and optimizer state
-  (``deepspeed_reader.py``) and scattered into the engine;
+  (``deepspeed/checkpoint_reader.py``) and scattered into the engine;
 - another strategy's checkpoint (full files or DCP shards): read by the full-state reader and scattered likewise.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``prepare(model, optimizer[, scheduler], loader)`` builds one ``deepspeed.initialize`` engine from the model, its
 optimizer (or the config's, through ``DummyOptim``) and the active plugin's config with every ``"auto"`` filled
-(``deepspeed_config.py``). The prepared model *is* the engine, as with the reference library.
+(``deepspeed/auto_config.py``). The prepared model *is* the engine, as with the reference library.
 
 The training step keeps one accumulation boundary: hasten's ``sync_gradients`` is given to the engine before each
 backward (``set_gradient_accumulation_boundary``), so the two never disagree. ``accelerator.backward`` runs

@@ -2,7 +2,7 @@
 
 Merging a sharded (DCP) checkpoint into one file (``merge_fsdp_weights``, CPU only), the RAM-efficient-loading
 switches for Transformers, the FSDP2 wrap policy, grad scaler and name helpers and ``ensure_weights_retied`` are
-here; the model and optimizer file functions and the FSDP2 preparation helpers live in ``fsdp_checkpoint_files.py``
+here; the model and optimizer file functions and the FSDP2 preparation helpers live in ``fsdp/checkpoint_files.py``
 (they work on hasten's FSDP strategy) and are importable from here too.
 """
 from __future__ import annotations
