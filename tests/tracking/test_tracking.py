@@ -13,6 +13,8 @@ from hasten.state import PartialState
 from hasten.tracking import GeneralTracker, JSONLTracker, TensorBoardTracker, get_available_trackers
 from hasten.tracking import registry
 
+from helpers import ROOT
+
 
 class MemoryTracker(GeneralTracker):
     """A custom tracker keeping what it is given."""
@@ -169,10 +171,25 @@ def test_an_unknown_name_lists_the_known_and_installed_trackers():
 
 
 def test_a_tracker_whose_package_is_missing_names_the_extra(monkeypatch):
-    monkeypatch.setitem(registry._INSTALLED, "wandb", lambda: False)
+    monkeypatch.setattr(registry.LOGGER_TYPE_TO_CLASS["wandb"], "is_installed", staticmethod(lambda: False))
     with pytest.raises(ImportError, match=r"`wandb` package.*pip install 'hasten\[trackers\]'"):
         Accelerator(cpu=True, log_with="wandb")
     assert "wandb" not in get_available_trackers()
+
+
+def test_each_tracker_declares_its_name_and_package_and_the_trackers_extra_installs_them():
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trackers"]
+    listed = {requirement.split("<")[0].split(">")[0].split("=")[0] for requirement in extra}
+    for tracker_class in registry.BUILTIN_TRACKERS:
+        assert registry.LOGGER_TYPE_TO_CLASS[tracker_class.name] is tracker_class
+        if tracker_class.package is not None:  # jsonl needs nothing
+            assert (tracker_class.distribution or tracker_class.package) in listed, tracker_class
+    # a custom tracker that names its package is as installed as that package
+    missing = type("Missing", (GeneralTracker,), {"name": "missing", "package": "not_a_real_package_x",
+                                                  "requires_logging_directory": False})
+    assert not missing.is_installed() and GeneralTracker.is_installed()
 
 
 def test_starting_a_tracker_without_its_package_names_the_extra(monkeypatch):

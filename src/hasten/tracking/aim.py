@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import Optional, Union
 
+from ..core import imports
 from .base import GeneralTracker, on_main_process
 from .packages import import_tracker_package
 from .values import prepare_config, prepare_log_values
@@ -15,6 +16,8 @@ class AimTracker(GeneralTracker):
     """An Aim run named ``run_name`` in the repository at ``logging_dir``; keyword arguments go to ``aim.Run``."""
 
     name = "aim"
+    package = "aim"
+    is_installed = staticmethod(imports.is_aim_available)
     requires_logging_directory = True
 
     def __init__(self, run_name: str, logging_dir: Optional[Union[str, os.PathLike]] = ".", **kwargs):

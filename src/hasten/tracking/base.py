@@ -1,12 +1,13 @@
 """``GeneralTracker``: the base class of experiment trackers, and ``on_main_process`` for their methods.
 
 A tracker names itself (``name``), says whether it writes to a logging directory
-(``requires_logging_directory``), exposes its underlying run object (``tracker``) and implements
+(``requires_logging_directory``) and which package it runs on (``package``, ``is_installed``), exposes its underlying run object (``tracker``) and implements
 ``store_init_configuration``, ``log`` and ``finish``. Subclass it to log to anything; give an instance to
 ``Accelerator(log_with=[...])`` or register the class with ``register_tracker_class``.
 """
 from __future__ import annotations
 
+import importlib.util
 from functools import wraps
 from typing import Optional
 
@@ -39,6 +40,16 @@ class GeneralTracker:
     """
 
     main_process_only = True
+    #: the module the tracker runs on, imported when it starts; None when it needs none
+    package: Optional[str] = None
+    #: the pip distribution that installs ``package``, where the names differ
+    distribution: Optional[str] = None
+
+    @classmethod
+    def is_installed(cls) -> bool:
+        """Whether the tracker can run here: its ``package`` is importable (always, without one). What
+        ``log_with`` and ``get_available_trackers`` ask; a tracker whose check is finer overrides it."""
+        return cls.package is None or importlib.util.find_spec(cls.package) is not None
 
     def __init__(self, _blank=False):
         if _blank:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from ..core import imports
 from .base import GeneralTracker, on_main_process
 from .packages import import_tracker_package
 from .values import prepare_config, prepare_log_values
@@ -26,6 +27,8 @@ class ClearMLTracker(GeneralTracker):
     init_kwargs (``project_name``, ``task_name`` ... for ``Task.init``) say otherwise."""
 
     name = "clearml"
+    package = "clearml"
+    is_installed = staticmethod(imports.is_clearml_available)
     requires_logging_directory = False
 
     def __init__(self, run_name: Optional[str] = None, **kwargs):

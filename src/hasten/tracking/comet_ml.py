@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..core import imports
 from .base import GeneralTracker, on_main_process
 from .packages import import_tracker_package
 from .values import prepare_config, prepare_log_values
@@ -18,6 +19,8 @@ class CometMLTracker(GeneralTracker):
     """A Comet experiment in project ``run_name``; keyword arguments go to ``comet_ml.start``."""
 
     name = "comet_ml"
+    package = "comet_ml"
+    is_installed = staticmethod(imports.is_comet_ml_available)
     requires_logging_directory = False
 
     def __init__(self, run_name: str, **kwargs):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from ..core import imports
 from .base import GeneralTracker, on_main_process
 from .packages import import_tracker_package
 from .values import prepare_config, prepare_log_values
@@ -19,6 +20,8 @@ class DVCLiveTracker(GeneralTracker):
     """Log through ``live`` (a ``dvclive.Live``) or a new ``Live(**kwargs)``; each ``log`` call is one step."""
 
     name = "dvclive"
+    package = "dvclive"
+    is_installed = staticmethod(imports.is_dvclive_available)
     requires_logging_directory = False
 
     def __init__(self, run_name: Optional[str] = None, live: Optional[Any] = None, **kwargs):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ..config.booleans import parse_bool
+from ..core import imports
 from .base import GeneralTracker, on_main_process
 from .packages import import_tracker_package
 from .values import prepare_config, prepare_log_values
@@ -24,6 +25,8 @@ class MLflowTracker(GeneralTracker):
     """An MLflow run in experiment ``experiment_name`` (created with ``logging_dir`` as its artifact location)."""
 
     name = "mlflow"
+    package = "mlflow"
+    is_installed = staticmethod(imports.is_mlflow_available)
     requires_logging_directory = False
 
     def __init__(self, experiment_name: Optional[str] = None, logging_dir: Optional[Union[str, os.PathLike]] = None,

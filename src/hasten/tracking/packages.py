@@ -1,12 +1,41 @@
 """Lazy imports of the trackers' third-party packages, with an error that says how to install a missing one."""
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
+from typing import Optional
 
-__all__ = ["TRACKERS_EXTRA", "import_tracker_package"]
+__all__ = ["how_to_install", "import_tracker_package"]
 
-#: pip distributions the ``trackers`` extra installs (keep in step with pyproject.toml's ``trackers = [...]``).
-TRACKERS_EXTRA = ("tensorboard", "wandb", "mlflow", "trackio", "aim", "comet_ml", "clearml", "dvclive", "swanlab")
+
+@functools.lru_cache(maxsize=None)
+def _extra_installing(distribution: str) -> Optional[str]:
+    """The extra of hasten whose requirements name ``distribution``, read from hasten's installed metadata
+    (pyproject.toml's optional dependencies, the one place they are listed); None when no extra does, or when
+    hasten runs from a source folder without metadata."""
+    from packaging.requirements import Requirement
+
+    try:
+        metadata = importlib.metadata.metadata("hasten")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    extras = metadata.get_all("Provides-Extra") or []
+    wanted = distribution.lower().replace("_", "-")
+    for line in metadata.get_all("Requires-Dist") or []:
+        requirement = Requirement(line)
+        if requirement.name.lower().replace("_", "-") != wanted or requirement.marker is None:
+            continue
+        for extra in extras:
+            if requirement.marker.evaluate({"extra": extra}):
+                return extra
+    return None
+
+
+def how_to_install(distribution: str) -> str:
+    """The pip command that installs ``distribution``: through hasten's extra when one lists it."""
+    extra = _extra_installing(distribution)
+    return f"pip install 'hasten[{extra}]' (or pip install {distribution})" if extra else f"pip install {distribution}"
 
 
 def import_tracker_package(module: str, tracker: str, distribution: str | None = None):
@@ -18,7 +47,5 @@ def import_tracker_package(module: str, tracker: str, distribution: str | None =
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        how = f"pip install 'hasten[trackers]' (or pip install {distribution})" if distribution in TRACKERS_EXTRA \
-            else f"pip install {distribution}"
         raise ImportError(f"The {tracker!r} tracker needs the `{distribution}` package, which is not installed "
-                          f"({error}): {how}") from error
+                          f"({error}): {how_to_install(distribution)}") from error

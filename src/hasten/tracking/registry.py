@@ -7,7 +7,6 @@ import warnings
 from typing import Optional, Union
 
 from ..config.enums import LoggerType
-from ..core import imports
 from .aim import AimTracker
 from .base import GeneralTracker
 from .clearml import ClearMLTracker
@@ -15,36 +14,20 @@ from .comet_ml import CometMLTracker
 from .dvclive import DVCLiveTracker
 from .jsonl import JSONLTracker
 from .mlflow import MLflowTracker
+from .packages import how_to_install
 from .swanlab import SwanLabTracker
 from .tensorboard import TensorBoardTracker
 from .trackio import TrackioTracker
 from .wandb import WandBTracker
 
-__all__ = ["check_log_with_names", "LOGGER_TYPE_TO_CLASS", "register_tracker_class", "get_available_trackers",
+__all__ = ["BUILTIN_TRACKERS", "check_log_with_names", "LOGGER_TYPE_TO_CLASS", "register_tracker_class", "get_available_trackers",
            "filter_trackers", "known_tracker_names", "is_tracker_installed"]
 
-_BUILTIN = {
-    "aim": AimTracker,
-    "comet_ml": CometMLTracker,
-    "mlflow": MLflowTracker,
-    "tensorboard": TensorBoardTracker,
-    "wandb": WandBTracker,
-    "clearml": ClearMLTracker,
-    "dvclive": DVCLiveTracker,
-    "swanlab": SwanLabTracker,
-    "trackio": TrackioTracker,
-    "jsonl": JSONLTracker,
-}
+# The built-in trackers: each class declares its own name, package and installed check
+BUILTIN_TRACKERS = (AimTracker, CometMLTracker, MLflowTracker, TensorBoardTracker, WandBTracker, ClearMLTracker,
+                    DVCLiveTracker, SwanLabTracker, TrackioTracker, JSONLTracker)
+_BUILTIN = {tracker_class.name: tracker_class for tracker_class in BUILTIN_TRACKERS}
 LOGGER_TYPE_TO_CLASS = dict(_BUILTIN)  # register_tracker_class adds to it
-
-# built-in tracker name -> whether its package is installed (looked up when asked: installs may change)
-_INSTALLED = {
-    "aim": imports.is_aim_available, "comet_ml": imports.is_comet_ml_available, "mlflow": imports.is_mlflow_available,
-    "tensorboard": imports.is_tensorboard_available, "wandb": imports.is_wandb_available,
-    "clearml": imports.is_clearml_available, "dvclive": imports.is_dvclive_available,
-    "swanlab": imports.is_swanlab_available, "trackio": imports.is_trackio_available,
-}
-_PACKAGES = {"comet_ml": "comet_ml", "mlflow": "mlflow"}  # pip names where they differ from the tracker name
 
 
 def _logger_type(value) -> Optional[LoggerType]:
@@ -55,10 +38,10 @@ def _logger_type(value) -> Optional[LoggerType]:
 
 
 def is_tracker_installed(name: str) -> bool:
-    """Whether the tracker registered as ``name`` can run here (its package is installed; custom ones: always)."""
-    if name in _INSTALLED and LOGGER_TYPE_TO_CLASS.get(name) is _BUILTIN[name]:
-        return _INSTALLED[name]()
-    return True
+    """Whether the tracker registered as ``name`` can run here: its class's ``is_installed()`` (looked up when
+    asked: installs may change)."""
+    tracker_class = LOGGER_TYPE_TO_CLASS.get(name)
+    return tracker_class is None or tracker_class.is_installed()
 
 
 def known_tracker_names() -> list:
@@ -90,9 +73,10 @@ def get_available_trackers() -> list:
 
 
 def _missing_package_error(name: str) -> ImportError:
-    package = _PACKAGES.get(name, name)
+    tracker_class = LOGGER_TYPE_TO_CLASS[name]
+    package = tracker_class.distribution or tracker_class.package or name
     return ImportError(f"log_with={name!r} needs the `{package}` package, which is not installed: "
-                       f"pip install 'hasten[trackers]' (or pip install {package}). Installed trackers: "
+                       f"{how_to_install(package)}. Installed trackers: "
                        f"{', '.join(map(str, get_available_trackers()))}.")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ..core import imports
 from .base import on_main_process
 from .run_tracker import RunTracker
 from .values import prepare_config, prepare_log_values
@@ -18,6 +19,7 @@ class SwanLabTracker(RunTracker):
     """
 
     name = "swanlab"
+    is_installed = staticmethod(imports.is_swanlab_available)
     package = "swanlab"
 
     def _use_logging_dir(self, logging_dir: str) -> None:

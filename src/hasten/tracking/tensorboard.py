@@ -10,6 +10,7 @@ import os
 import time
 from typing import Optional, Union
 
+from ..core import imports
 from .base import GeneralTracker, on_main_process
 from .packages import import_tracker_package
 from .values import prepare_config, prepare_log_values
@@ -48,6 +49,8 @@ class TensorBoardTracker(GeneralTracker):
     ``SummaryWriter`` (e.g. ``flush_secs``)."""
 
     name = "tensorboard"
+    package = "tensorboard"
+    is_installed = staticmethod(imports.is_tensorboard_available)
     requires_logging_directory = True
 
     def __init__(self, run_name: str, logging_dir: Union[str, os.PathLike], **kwargs):

@@ -1,6 +1,7 @@
 """``TrackioTracker`` (``log_with="trackio"``): trackio runs, stored locally (a wandb-like API, no account)."""
 from __future__ import annotations
 
+from ..core import imports
 from .base import on_main_process
 from .run_tracker import RunTracker
 from .values import prepare_config
@@ -15,6 +16,7 @@ class TrackioTracker(RunTracker):
     """
 
     name = "trackio"
+    is_installed = staticmethod(imports.is_trackio_available)
     package = "trackio"
 
     @on_main_process

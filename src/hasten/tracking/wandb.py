@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from ..core import imports
 from .base import on_main_process
 from .run_tracker import RunTracker
 from .values import prepare_config
@@ -23,6 +24,7 @@ class WandBTracker(RunTracker):
     """
 
     name = "wandb"
+    is_installed = staticmethod(imports.is_wandb_available)
     package = "wandb"
 
     def _use_logging_dir(self, logging_dir: str) -> None:
