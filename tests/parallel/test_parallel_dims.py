@@ -390,3 +390,19 @@ def test_a_handler_for_a_dimension_of_size_1_is_named_in_a_warning():
             Accelerator(cpu=True, parallelism_config=config)
     finally:
         AcceleratorState._reset_state(True)
+
+
+def test_fsdp_shards_over_dp_shard_cp_or_dp_shard_replicating_across_dp_replicate():
+    class Named:  # what fsdp_mesh_of reads of a DeviceMesh: its dimension names and slicing by them
+        def __init__(self, *names):
+            self.mesh_dim_names = names
+
+        def __getitem__(self, names):
+            return names
+
+    assert ParallelDims.fsdp_mesh_of(None) is None
+    assert ParallelDims.fsdp_mesh_of(Named("dp_replicate", "dp_shard", "dp_shard_cp")) == ("dp_replicate",
+                                                                                            "dp_shard_cp")
+    assert ParallelDims.fsdp_mesh_of(Named("dp_shard", "tp")) == "dp_shard"
+    rows = Named("rows")
+    assert ParallelDims.fsdp_mesh_of(rows) is rows  # names it does not know: every process of the mesh

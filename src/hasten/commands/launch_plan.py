@@ -130,14 +130,23 @@ def _machines(value) -> MachineCount:
     return MachineCount(minimum, maximum)
 
 
+_NONE = object()  # a _Setting field left unset (None can be a value)
+
+
 @dataclass(frozen=True)
 class _Setting:
-    """One launcher setting: its flag (the argparse dest), where it sits in the config dict, how to parse it."""
+    """One launcher setting, declared once: its flag (the argparse dest), where it sits in the config dict, how to
+    parse it, its default when neither gives it, the ``HASTEN_*`` setting that carries it to the script, and what
+    the script assumes without it (a config file value equal to that is not exported: ``write_basic_config`` writes
+    ``mixed_precision: no``, which would otherwise contradict an argument in code)."""
 
     name: str
     parse: Callable[[Any], Any]
     config_key: Optional[tuple] = None  # path into the config dict; None: flag only
     is_switch: bool = False  # a flag without a value (--cpu)
+    default: Any = _NONE  # the launcher's value when neither flag nor config file gives one
+    env: Optional[str] = None  # the HASTEN_<ENV> setting exported to the script (only when given explicitly)
+    script_default: Any = _NONE  # what the script assumes when the setting is not exported
 
 
 def _key(*path: str) -> tuple:
@@ -146,53 +155,41 @@ def _key(*path: str) -> tuple:
 
 SETTINGS = (
     _Setting("num_processes", _positive, _key("num_processes")),
-    _Setting("num_machines", _machines, _key("num_machines")),
-    _Setting("machine_rank", _non_negative, _key("machine_rank")),
+    _Setting("num_machines", _machines, _key("num_machines"), default=MachineCount(1, 1)),
+    _Setting("machine_rank", _non_negative, _key("machine_rank"), default=0),
     _Setting("main_process_ip", _text, _key("main_process_ip")),
     _Setting("main_process_port", _port, _key("main_process_port")),
-    _Setting("rdzv_backend", _rdzv_backend, _key("rdzv_backend")),
+    _Setting("rdzv_backend", _rdzv_backend, _key("rdzv_backend"), default="static"),
     _Setting("rdzv_conf", _text, _key("rdzv_conf")),
-    _Setting("max_restarts", _non_negative, _key("max_restarts")),
-    _Setting("monitor_interval", float, _key("monitor_interval")),
-    _Setting("mixed_precision", _precision, _key("mixed_precision")),
-    _Setting("cpu", _boolean, _key("use_cpu"), is_switch=True),
+    _Setting("max_restarts", _non_negative, _key("max_restarts"), default=0),
+    _Setting("monitor_interval", float, _key("monitor_interval"), default=0.1),
+    _Setting("mixed_precision", _precision, _key("mixed_precision"), env="mixed_precision", script_default="no"),
+    _Setting("cpu", _boolean, _key("use_cpu"), is_switch=True, default=False, env="use_cpu", script_default=False),
     _Setting("gpu_ids", _text, _key("gpu_ids")),
-    _Setting("gradient_accumulation_steps", _positive, _key("gradient_accumulation_steps")),
-    _Setting("dynamo_backend", _dynamo, _key("dynamo_config", "dynamo_backend")),
-    _Setting("dynamo_mode", _text, _key("dynamo_config", "dynamo_mode")),
-    _Setting("dynamo_use_fullgraph", _boolean, _key("dynamo_config", "dynamo_use_fullgraph")),
-    _Setting("dynamo_use_dynamic", _boolean, _key("dynamo_config", "dynamo_use_dynamic")),
-    _Setting("dynamo_use_regional_compilation", _boolean, _key("dynamo_config", "dynamo_use_regional_compilation")),
-    _Setting("debug", _boolean, _key("debug"), is_switch=True),
-    _Setting("enable_cpu_affinity", _boolean, _key("enable_cpu_affinity"), is_switch=True),
+    _Setting("gradient_accumulation_steps", _positive, _key("gradient_accumulation_steps"),
+             env="gradient_accumulation_steps", script_default=1),
+    _Setting("dynamo_backend", _dynamo, _key("dynamo_config", "dynamo_backend"), env="dynamo_backend",
+             script_default="NO"),
+    _Setting("dynamo_mode", _text, _key("dynamo_config", "dynamo_mode"), env="dynamo_mode", script_default="default"),
+    _Setting("dynamo_use_fullgraph", _boolean, _key("dynamo_config", "dynamo_use_fullgraph"),
+             env="dynamo_use_fullgraph", script_default=False),
+    _Setting("dynamo_use_dynamic", _boolean, _key("dynamo_config", "dynamo_use_dynamic"), env="dynamo_use_dynamic",
+             script_default=False),
+    _Setting("dynamo_use_regional_compilation", _boolean, _key("dynamo_config", "dynamo_use_regional_compilation"),
+             env="dynamo_use_regional_compilation", script_default=False),
+    _Setting("debug", _boolean, _key("debug"), is_switch=True, default=False, env="debug_mode", script_default=False),
+    _Setting("enable_cpu_affinity", _boolean, _key("enable_cpu_affinity"), is_switch=True, default=False,
+             env="cpu_affinity", script_default=False),
     _Setting("num_cpu_threads_per_process", _positive, None),
     _Setting("tee", _text, None),
     _Setting("role", _text, None),
     _Setting("log_dir", _text, None),
 )
 
-DEFAULTS = {"num_machines": MachineCount(1, 1), "machine_rank": 0, "rdzv_backend": "static", "max_restarts": 0,
-            "monitor_interval": 0.1, "cpu": False, "debug": False, "enable_cpu_affinity": False}
-
-# resolved setting -> the HASTEN_* variable that carries it to the script (set only when given explicitly)
-SETTING_ENV = {
-    "mixed_precision": "mixed_precision",
-    "cpu": "use_cpu",
-    "gradient_accumulation_steps": "gradient_accumulation_steps",
-    "dynamo_backend": "dynamo_backend",
-    "dynamo_mode": "dynamo_mode",
-    "dynamo_use_fullgraph": "dynamo_use_fullgraph",
-    "dynamo_use_dynamic": "dynamo_use_dynamic",
-    "dynamo_use_regional_compilation": "dynamo_use_regional_compilation",
-    "debug": "debug_mode",
-    "enable_cpu_affinity": "cpu_affinity",
-}
-
-# What the script assumes when a setting is not given. A config file value equal to it (write_basic_config
-# writes `mixed_precision: no`) is not exported: it would otherwise contradict an argument in code.
-SCRIPT_DEFAULTS = {"mixed_precision": "no", "cpu": False, "gradient_accumulation_steps": 1, "dynamo_backend": "NO",
-                   "dynamo_mode": "default", "dynamo_use_fullgraph": False, "dynamo_use_dynamic": False,
-                   "dynamo_use_regional_compilation": False, "debug": False, "enable_cpu_affinity": False}
+# Views of SETTINGS by name, for the code that reads one column
+DEFAULTS = {setting.name: setting.default for setting in SETTINGS if setting.default is not _NONE}
+SETTING_ENV = {setting.name: setting.env for setting in SETTINGS if setting.env is not None}
+SCRIPT_DEFAULTS = {setting.name: setting.script_default for setting in SETTINGS if setting.script_default is not _NONE}
 
 # distributed_type in a config file -> the HASTEN_USE_* switch that tells the script which strategy to use
 STRATEGY_ENV = {DistributedType.FSDP.value: "use_fsdp", DistributedType.DEEPSPEED.value: "use_deepspeed",

@@ -301,6 +301,29 @@ class ParallelDims:
         """The DeviceMesh (built on first use, for the process group's device type; see ``build_mesh``)."""
         return self.build_mesh()
 
+    # FSDP's mesh, the one rule (fsdp_mesh for this layout, fsdp_mesh_of for a mesh built elsewhere): HSDP, when the
+    # processes also replicate, shards over (dp_replicate, dp_shard[_cp]) and replicates across the first; otherwise
+    # the dp_shard[_cp] dimension alone. "_cp" when context parallelism splits the sequence over the same ranks.
+    def fsdp_mesh(self, device_type: Optional[str] = None) -> "DeviceMesh":
+        """The mesh FSDP shards this layout's model over (built on first use, for ``device_type``)."""
+        self.build_mesh(device_type)
+        shard = "dp_shard_cp" if self.cp > 1 else "dp_shard"
+        if self.dp_replicate > 1:
+            return self.mesh["dp_replicate", shard]
+        return self.submesh(shard)
+
+    @staticmethod
+    def fsdp_mesh_of(mesh: Optional["DeviceMesh"]) -> Optional["DeviceMesh"]:
+        """The same rule for a mesh built elsewhere (an Accelerate-style mesh with flattened ``dp_shard_cp``), read
+        from its dimension names: the whole mesh when it names none of them; None (every process) for None."""
+        if mesh is None:
+            return None
+        names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+        for shard in ("dp_shard_cp", "dp_shard"):
+            if shard in names:
+                return mesh["dp_replicate", shard] if "dp_replicate" in names else mesh[shard]
+        return mesh
+
     def submesh(self, name: str) -> "DeviceMesh":
         """The 1-D mesh of one dimension, named or flattened (``"tp"``, ``"dp"``, ``"dp_shard_cp"`` ...); builds the
         mesh on first use."""

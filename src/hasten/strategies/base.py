@@ -67,13 +67,20 @@ class Strategy:
 
     # ------------------------------------------------------------ precision and layout
     def create_precision(self):
-        """The precision this backend trains with, chosen together with it (autocast + fp16 scaler here)."""
+        """The precision this backend trains with, chosen together with it (autocast + fp16 scaler here, of
+        ``grad_scaler_class``)."""
         from ..precision import autocast_precision
 
         return autocast_precision(self.settings.mixed_precision, self.state.device,
                                   scaler_kwargs=self.handlers.get(GradScalerKwargs),
                                   autocast_kwargs=self.handlers.get(AutocastKwargs),
+                                  scaler_class=self.grad_scaler_class(),
                                   fp8_recipe=self.handlers.get(AORecipeKwargs))
+
+    def grad_scaler_class(self) -> Optional[type]:
+        """The class of the fp16 gradient scaler: None, torch's ``GradScaler``; a sharded backend returns one that
+        checks every rank's shard for overflow."""
+        return None
 
     @property
     def layout(self):

@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 
 from ...core.planned import not_yet_supported
+from ...parallel import ParallelDims
 
 __all__ = ["save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
            "fsdp2_load_full_state_dict", "fsdp2_switch_optimizer_parameters", "fsdp2_apply_ac",
@@ -202,31 +203,13 @@ def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     ``state.fsdp_plugin`` decides the units (as ``prepare()`` makes them), resharding, precision, offload
     and ignored modules; ``torch_device_mesh`` (None: every process), ``mixed_precision``, ``device`` and
     ``is_main_process`` are read from it. Activation checkpointing is then ``fsdp2_apply_ac``'s job."""
-    from .fsdp2 import FSDP2Strategy
+    from .fsdp2 import FSDP2Strategy, shard_in_units
 
     strategy = getattr(accelerator, "strategy", None)
     if isinstance(strategy, FSDP2Strategy) or getattr(getattr(accelerator, "state", None), "fsdp_plugin", None) is None:
         return _strategy(accelerator, "fsdp2_prepare_model").shard_model(model)
-    from torch.distributed.fsdp import FSDPModule
 
-    from .sharding import shard_with_plugin
-    from .wrapping import wrap_policy, wrap_units
-
-    if isinstance(model, FSDPModule):
-        return model
-    plugin = accelerator.state.fsdp_plugin
-    units = wrap_units(model, wrap_policy(model, plugin))  # the units prepare() would make
-    return shard_with_plugin(model, plugin, units, mesh=_shard_mesh_of(accelerator.torch_device_mesh),
-                             mixed_precision=accelerator.mixed_precision, device=accelerator.device,
-                             is_main_process=accelerator.is_main_process)
-
-
-def _shard_mesh_of(mesh):
-    """The data-parallel sharding part of an Accelerator's device mesh (None: fully_shard's default, every process)."""
-    if mesh is None:
-        return None
-    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
-    for candidate in (("dp_replicate", "dp_shard_cp"), ("dp_replicate", "dp_shard"), ("dp_shard_cp",), ("dp_shard",)):
-        if all(name in names for name in candidate):
-            return mesh[candidate if len(candidate) > 1 else candidate[0]]
-    return mesh
+    return shard_in_units(model, accelerator.state.fsdp_plugin,
+                          mesh=ParallelDims.fsdp_mesh_of(accelerator.torch_device_mesh),
+                          mixed_precision=accelerator.mixed_precision, device=accelerator.device,
+                          is_main_process=accelerator.is_main_process)

@@ -52,19 +52,12 @@ class FSDP2Strategy(Strategy):
         self._optimizer_names: dict = {}  # id(optimizer) -> its parameters' names per group, as prepared
 
     # ------------------------------------------------------------ precision and set-up
-    def create_precision(self):
+    def grad_scaler_class(self) -> type:
         """Autocast as on other backends (``mixed_precision_policy`` casts the sharded parameters besides); fp16
         gradients are unscaled by a scaler that checks every rank's shard for overflow."""
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        from ...config.fp8 import AORecipeKwargs
-        from ...config.kwargs import AutocastKwargs, GradScalerKwargs
-        from ...precision import autocast_precision
-
-        return autocast_precision(self.settings.mixed_precision, self.state.device,
-                                  scaler_kwargs=self.handlers.get(GradScalerKwargs),
-                                  autocast_kwargs=self.handlers.get(AutocastKwargs), scaler_class=ShardedGradScaler,
-                                  fp8_recipe=self.handlers.get(AORecipeKwargs))
+        return ShardedGradScaler
 
     def setup(self) -> None:
         if self.state.num_processes == 1:  # debugging FSDP on one device: torch shards over a world of one
@@ -75,13 +68,6 @@ class FSDP2Strategy(Strategy):
             from ...core.allocator import limit_heap_retention
 
             limit_heap_retention()
-
-    def _shard_mesh(self):
-        layout = self.layout
-        layout.build_mesh(self.state.device.type)
-        if layout.dp_replicate > 1:  # HSDP: replicate across the first dimension, shard across the second
-            return layout.mesh["dp_replicate", "dp_shard_cp" if layout.cp > 1 else "dp_shard"]
-        return layout.submesh("dp_shard_cp" if layout.cp > 1 else "dp_shard")
 
     # ------------------------------------------------------------ preparation
     def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
@@ -122,17 +108,10 @@ class FSDP2Strategy(Strategy):
     def shard_model(self, model: nn.Module) -> nn.Module:
         """Shard ``model`` in place (activation checkpointing of the wrap units, ``fully_shard`` on each unit, then
         the root; sharding.py) and return it."""
-        from torch.distributed.fsdp import FSDPModule
-
-        if isinstance(model, FSDPModule):
-            return model
-        units = wrap_units(model, wrap_policy(model, self.plugin))
-        if self.plugin.activation_checkpointing:
-            apply_activation_checkpointing(model, units, offload=self.plugin.activation_checkpointing_offload)
-            units = [_checkpointed(model, unit) for unit in units]
-        return shard_with_plugin(model, self.plugin, units, mesh=self._shard_mesh(),
-                                 mixed_precision=self.settings.mixed_precision, device=self.state.device,
-                                 is_main_process=self.state.is_main_process, broadcast_weights=_broadcast_weights)
+        return shard_in_units(model, self.plugin, mesh=self.layout.fsdp_mesh(self.state.device.type),
+                              mixed_precision=self.settings.mixed_precision, device=self.state.device,
+                              is_main_process=self.state.is_main_process, checkpoint_units=True,
+                              broadcast_weights=_broadcast_weights)
 
     # ------------------------------------------------------------ the training step
     @contextlib.contextmanager
@@ -278,6 +257,24 @@ def _sharded_layout(dims, world_size: int):
     if dims is None or (dims.dp_shard == 1 and not dims.model_parallel):
         return ParallelDims(dp_shard=world_size, world_size=world_size)
     return dims
+
+
+def shard_in_units(model: nn.Module, plugin, *, mesh, mixed_precision: Optional[str], device: torch.device,
+                   is_main_process: bool, checkpoint_units: bool = False, broadcast_weights=None) -> nn.Module:
+    """Shard ``model`` in place as ``prepare()`` does and return it: the plugin's wrap units (activation checkpointing
+    of each first, with ``checkpoint_units`` and the plugin's ``activation_checkpointing``), ``fully_shard`` on
+    each over ``mesh``, then the root (``shard_with_plugin``). A model already sharded is returned as it is.
+    ``FSDP2Strategy.shard_model`` and Accelerate's ``fsdp2_prepare_model`` both shard through here."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return model
+    units = wrap_units(model, wrap_policy(model, plugin))
+    if checkpoint_units and plugin.activation_checkpointing:
+        apply_activation_checkpointing(model, units, offload=plugin.activation_checkpointing_offload)
+        units = [_checkpointed(model, unit) for unit in units]
+    return shard_with_plugin(model, plugin, units, mesh=mesh, mixed_precision=mixed_precision, device=device,
+                             is_main_process=is_main_process, broadcast_weights=broadcast_weights)
 
 
 def _broadcast_weights(model: nn.Module, full: dict, device: torch.device) -> None:

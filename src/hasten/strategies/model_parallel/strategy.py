@@ -135,7 +135,7 @@ class ModelParallelStrategy(FSDP2Strategy):
         if layout.dp_size > 1:  # PP x FSDP (x TP): each of this rank's stages sharded over the data-parallel dims
             from torch.distributed.fsdp import fully_shard
 
-            options = shard_options(self.plugin, self._shard_mesh())
+            options = shard_options(self.plugin, layout.fsdp_mesh(self.state.device.type))
             for index in mine:
                 fully_shard(stages[index], **options)
         pipeline = build_pipeline(stages, layout.pp_rank, layout.submesh("pp"), schedule=config.schedule,
