@@ -25,7 +25,6 @@ from .compile import apply_dynamo_plugin, remove_regional_compilation
 from .config.accelerator_settings import SPLIT_BATCHES_UNSET, resolve_accelerator_settings
 from .config.booleans import parse_bool
 from .config.kwargs import AutocastKwargs, InitProcessGroupKwargs, ProfileKwargs
-from .core.env_aliases import get_flag_setting
 from .core.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from .core.lazy import build_table, lazy_exports
 from .core.memory import release_memory
@@ -138,14 +137,14 @@ class Accelerator:
         selected = None  # the DeepSpeed plugin the run has selected, kept by a second Accelerator
         if not any((deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin, torch_tp_plugin)):
             # a second Accelerator given no plugin joins the run's backend, as the reference reads the state's
-            running = AcceleratorState._shared_state
-            deepspeed_plugins = running.get("deepspeed_plugins")
-            fsdp_plugin, megatron_lm_plugin = running.get("fsdp_plugin"), running.get("megatron_lm_plugin")
-            torch_tp_plugin = running.get("torch_tp_plugin")
+            running = AcceleratorState.running_plugins()
+            deepspeed_plugins = running["deepspeed_plugins"]
+            fsdp_plugin, megatron_lm_plugin = running["fsdp_plugin"], running["megatron_lm_plugin"]
+            torch_tp_plugin = running["torch_tp_plugin"]
             if isinstance(deepspeed_plugins, dict):
                 selected = next((name for name, plugin in deepspeed_plugins.items() if plugin.selected), None)
         if not any((deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin, torch_tp_plugin)) \
-                and get_flag_setting("use_deepspeed"):
+                and "use_deepspeed" in settings.launcher_switches:
             # DeepSpeed from the launcher (a flag or a config file): the plugin is built here, from its environment,
             # so that the state shows it and a script can edit its deepspeed_config before prepare (diffusers does)
             from .config.deepspeed import DeepSpeedPlugin
@@ -168,6 +167,7 @@ class Accelerator:
             fsdp_plugin=fsdp_plugin, megatron_lm_plugin=megatron_lm_plugin, torch_tp_plugin=torch_tp_plugin,
         )
         self.strategy.setup()
+        self.state.register_run(self.strategy)  # the one write: the state's training facts are views of it
         if selected is not None:
             self.state.select_deepspeed_plugin(selected)
         get_logger(__name__).info("hasten trains with %r", self.strategy)  # which backend really runs (INFO)
@@ -235,7 +235,8 @@ class Accelerator:
 
     @property
     def mixed_precision(self) -> str:
-        return self.state.mixed_precision
+        """``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``: the precision this run trains with (its strategy's)."""
+        return self.precision.mode
 
     @property
     def native_amp(self) -> bool:
@@ -720,7 +721,7 @@ class Accelerator:
         model = kwargs.pop("model", None) or (self._models[0] if len(self._models) == 1 else None)
         self.strategy.backward(loss, model,
                                accumulation_steps=self.gradient_accumulation_steps,
-                               num_items_in_batch=num_items_in_batch, **kwargs)
+                               num_items_in_batch=num_items_in_batch, sync_gradients=self.sync_gradients, **kwargs)
 
     def accumulate(self, *models):
         """One batch of gradient accumulation: gradients are synchronised only on the batch that ends a cycle.

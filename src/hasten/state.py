@@ -517,6 +517,70 @@ class AcceleratorState:
         if reset_partial_state:
             PartialState._reset_state()
 
+    # ------------------------------------------------------------------ the registered run
+    def register_run(self, strategy) -> None:
+        """Make ``strategy`` the run this state shows: the one write of the training facts into the process-wide
+        state, by the Accelerator once the strategy is set up. ``distributed_type``, ``fsdp_plugin`` and
+        ``megatron_lm_plugin`` are then views of what it shows (``Strategy.state_views``)."""
+        self.__dict__["_run"] = strategy
+
+    @classmethod
+    def running_plugins(cls) -> dict:
+        """The plugins of the run this process holds (all None without one): what a second Accelerator given no
+        plugin joins, as the reference's reads its state's."""
+        shared = cls._shared_state
+        run = shared.get("_run")
+        views = run.state_views() if run is not None else {}
+        return {"deepspeed_plugins": shared.get("deepspeed_plugins"), "torch_tp_plugin": shared.get("torch_tp_plugin"),
+                **{name: views.get(name, shared.get(f"_given_{name}")) for name in ("fsdp_plugin", "megatron_lm_plugin")}}
+
+    def _stored(self, key: str):
+        """``key`` of the shared state; AttributeError when a reset emptied it (``__getattr__`` then says so)."""
+        try:
+            return self.__dict__[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def _shown(self, name: str):
+        """What the registered run shows as ``name``; None when it shows nothing there (or no run is registered)."""
+        run = self.__dict__.get("_run")
+        return run.state_views().get(name) if run is not None else None
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """What trains: the registered run's backend (``FSDP``, ``DEEPSPEED``, ``MEGATRON_LM``), else the processes'
+        kind (``NO``, ``MULTI_CPU``, ``MULTI_GPU`` ..., PartialState's). A value a script assigns here is kept, as
+        Accelerate lets scripts set it."""
+        written = self.__dict__.get("_written_distributed_type")
+        if written is not None:
+            return written
+        shown = self._shown("distributed_type")
+        return shown if shown is not None else self._stored("_partial").distributed_type
+
+    @distributed_type.setter
+    def distributed_type(self, value) -> None:
+        self.__dict__["_written_distributed_type"] = value
+
+    @property
+    def fsdp_plugin(self):
+        """The FSDP plugin the run shards with (the registered run's), else the one the Accelerator was given."""
+        shown = self._shown("fsdp_plugin")
+        return shown if shown is not None else self._stored("_given_fsdp_plugin")
+
+    @fsdp_plugin.setter
+    def fsdp_plugin(self, plugin) -> None:
+        self.__dict__["_given_fsdp_plugin"] = plugin
+
+    @property
+    def megatron_lm_plugin(self):
+        """The ``MegatronLMPlugin`` the run trains with (the registered run's), else the one given."""
+        shown = self._shown("megatron_lm_plugin")
+        return shown if shown is not None else self._stored("_given_megatron_lm_plugin")
+
+    @megatron_lm_plugin.setter
+    def megatron_lm_plugin(self, plugin) -> None:
+        self.__dict__["_given_megatron_lm_plugin"] = plugin
+
     # ------------------------------------------------------------------ settings
     @property
     def mixed_precision(self) -> str:
@@ -533,7 +597,7 @@ class AcceleratorState:
     @property
     def is_fsdp2(self) -> bool:
         """Whether the model is sharded with FSDP2 (``fully_shard``)."""
-        # a read-only view Accelerate's users ask for: the strategy set distributed_type and fsdp_plugin (setup)
+        # a read-only view Accelerate's users ask for, of the registered run's distributed_type and fsdp_plugin
         return self.distributed_type == DistributedType.FSDP and getattr(self.fsdp_plugin, "fsdp_version", 1) == 2
 
     @property

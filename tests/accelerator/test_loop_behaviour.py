@@ -413,9 +413,10 @@ def test_align_module_device_and_the_offload_helpers():
 def test_an_old_accelerator_after_a_state_reset_says_what_happened():
     accelerator = Accelerator(cpu=True)
     AcceleratorState._reset_state()
-    for name in ("device", "mixed_precision", "is_main_process"):
+    for name in ("device", "num_processes", "is_main_process"):
         with pytest.raises(AttributeError, match=r"reset.*create a new Accelerator"):
             getattr(accelerator, name)
+    assert accelerator.mixed_precision == "no"  # its own precision's, which the reset did not change
     with pytest.raises(AttributeError, match="reset"):
         accelerator.prepare(nn.Linear(2, 2))
     GradientState._reset_state()

@@ -40,7 +40,7 @@ class FullStateCheckpointIO:
     the shared files writes models, optimizers, schedulers, scaler and registered objects, every process its
     random states and loader positions."""
 
-    def collect(self, strategy, targets: CheckpointTargets):
+    def collect(self, strategy, targets: CheckpointTargets, options: Optional[dict] = None):
         return take_snapshot(strategy, targets)
 
     def write(self, strategy, staging: Path, collected, *, writes_shared_files: bool, process_index: int,

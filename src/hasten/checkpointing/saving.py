@@ -113,9 +113,8 @@ def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool,
     # collective, once, on the first async save that every process takes part in
     group = background.completion_group() if async_save and processes is None else None
     copy = (lambda taken: background.detached_copy(taken, reuse=True)) if async_save else (lambda taken: taken)
-    if accepted:
-        strategy.save_options = dict(save_model_func_kwargs)  # this save's; the IO reads them while collecting
-    snapshot = together("collecting the state to save", lambda: copy(strategy.collect_checkpoint(targets)),
+    options = dict(save_model_func_kwargs) if accepted else {}  # this save's, for the backend's IO
+    snapshot = together("collecting the state to save", lambda: copy(strategy.collect_checkpoint(targets, options)),
                         processes=processes)
     if automatic:
         together("cleaning the checkpoints folder",

@@ -11,7 +11,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..core.env_aliases import get_setting, setting_is_set
+from ..core.env_aliases import get_flag_setting, get_setting, setting_is_set
 from .accumulation import GradientAccumulationPlugin
 from .booleans import parse_bool
 from .dynamo import TorchDynamoPlugin
@@ -21,7 +21,7 @@ from .kwargs import KwargsHandler
 from .project import ProjectConfiguration
 from .resolution import resolve
 
-__all__ = ["AcceleratorSettings", "resolve_accelerator_settings", "resolve_mixed_precision", "SPLIT_BATCHES_UNSET"]
+__all__ = ["AcceleratorSettings", "BACKEND_SWITCHES", "launcher_switches", "resolve_accelerator_settings", "resolve_mixed_precision", "SPLIT_BATCHES_UNSET"]
 
 SPLIT_BATCHES_UNSET = object()  # the deprecated ``split_batches`` argument was not passed
 
@@ -39,6 +39,18 @@ class AcceleratorSettings:
     project_config: Optional[ProjectConfiguration] = None
     rng_types: list = field(default_factory=list)
     handlers: dict = field(default_factory=dict)
+    #: the backends the launcher selected (``use_fsdp``, ``use_deepspeed``, ``use_megatron_lm``: its ``--use_*``
+    #: flags or a config file's ``distributed_type``), read once from its environment
+    launcher_switches: frozenset = frozenset()
+
+
+#: the launcher's backend switches (HASTEN_USE_<NAME>, or Accelerate's ACCELERATE_USE_<NAME>)
+BACKEND_SWITCHES = ("use_fsdp", "use_deepspeed", "use_megatron_lm")
+
+
+def launcher_switches() -> frozenset:
+    """The backend switches the launcher's environment sets (``BACKEND_SWITCHES``)."""
+    return frozenset(switch for switch in BACKEND_SWITCHES if get_flag_setting(switch))
 
 
 # config-file key -> (HASTEN_ setting the launcher exports it as, the value that means "not given")
@@ -179,4 +191,5 @@ def resolve_accelerator_settings(*, mixed_precision=None, cpu=False, gradient_ac
         mixed_precision=precision, cpu=use_cpu, gradient_accumulation_plugin=gradient_accumulation_plugin,
         dynamo_plugin=dynamo_plugin, dataloader_config=_dataloader_config(dataloader_config, split_batches),
         project_config=project_config, rng_types=_rng_types(rng_types), handlers=handlers,
+        launcher_switches=launcher_switches(),
     )

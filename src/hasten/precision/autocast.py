@@ -131,12 +131,14 @@ class MixedPrecision(Precision):
         return self.mode in ("fp16", "bf16", "fp8")
 
     def autocast(self, autocast_handler=None):
-        """The autocast context for this run (``autocast_handler`` overrides the run's AutocastKwargs)."""
-        if autocast_handler is not None:
-            return get_mixed_precision_context_manager(self.native_amp, autocast_handler)
+        """The autocast context for this run (``autocast_handler`` overrides the run's AutocastKwargs): this
+        precision's device and dtype, never the process-wide state's."""
+        options = _autocast_options(autocast_handler) if autocast_handler is not None else self._autocast_options
         if not self.native_amp:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, **self._autocast_options)
+        if autocast_handler is not None:
+            options.setdefault("dtype", self._autocast_options["dtype"])
+        return torch.autocast(self.device.type, **options)
 
     def wrap_forward(self, model):
         """Make ``model.forward`` run under autocast and return fp32 outputs (no-op without mixed precision)."""

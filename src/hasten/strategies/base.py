@@ -51,7 +51,7 @@ class Strategy:
     #: files collectively cannot)
     supports_async_save: bool = True
     #: the keyword arguments ``save_state(**save_model_func_kwargs)`` may pass to the backend's own checkpoint
-    #: function (read by its checkpoint IO from ``save_options``); none by default
+    #: function (given to its checkpoint IO's ``collect`` with each save); none by default
     save_options_accepted: tuple = ()
 
     def __init__(self, state, settings=None, dims=None):
@@ -76,6 +76,12 @@ class Strategy:
                                   autocast_kwargs=self.handlers.get(AutocastKwargs),
                                   scaler_class=self.grad_scaler_class(),
                                   fp8_recipe=self.handlers.get(AORecipeKwargs))
+
+    def state_views(self) -> dict:
+        """What ``AcceleratorState`` shows of this run beyond the processes' kind: ``distributed_type`` and the
+        backend's plugin (``fsdp_plugin``, ``megatron_lm_plugin``) for the backends scripts check by name; nothing
+        here (the state then shows the processes' kind, as for one device or DDP)."""
+        return {}
 
     def grad_scaler_class(self) -> Optional[type]:
         """The class of the fp16 gradient scaler: None, torch's ``GradScaler``; a sharded backend returns one that
@@ -225,9 +231,11 @@ class Strategy:
         return loss
 
     def backward(self, loss: torch.Tensor, model: Optional[nn.Module] = None, *, accumulation_steps: int = 1,
-                 num_items_in_batch=None, **kwargs) -> None:
+                 num_items_in_batch=None, sync_gradients: bool = True, **kwargs) -> None:
         """Normalise, scale (fp16) and back-propagate ``loss``. ``model``: the prepared model it came from when
-        there is only one (backends whose engine runs the backward need it); ``kwargs`` go to torch's backward."""
+        there is only one (backends whose engine runs the backward need it); ``sync_gradients``: whether this batch
+        ends an accumulation cycle (a backend whose engine keeps its own boundary needs it; torch's gradient sync is
+        the ``no_sync`` context's here); ``kwargs`` go to torch's backward."""
         loss = self.normalize_loss(loss, accumulation_steps, num_items_in_batch)
         scaler = self.precision.scaler
         if scaler is not None:
@@ -294,9 +302,10 @@ class Strategy:
         return [len(group["params"]) for group in optimizer.param_groups]
 
     # ------------------------------------------------------------ checkpoint IO (inside the staging folder)
-    def collect_checkpoint(self, targets):
-        """Every state to save, in memory (collective for sharded backends)."""
-        return self.checkpoint_io.collect(self, targets)
+    def collect_checkpoint(self, targets, options: Optional[dict] = None):
+        """Every state to save, in memory (collective for sharded backends). ``options``: this save's
+        ``save_model_func_kwargs`` that the backend accepts (``save_options_accepted``), for its checkpoint IO."""
+        return self.checkpoint_io.collect(self, targets, options or {})
 
     def write_checkpoint(self, staging_dir: Path, collected, *, writes_shared_files: bool, process_index: int,
                          safe_serialization: bool = True, process_group=None) -> None:

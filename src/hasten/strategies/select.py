@@ -29,7 +29,7 @@ def _fsdp(state, settings, dims, plugin=None) -> Strategy:
 
     if plugin is None:
         plugin = (FullyShardedDataParallelPlugin(fsdp_version=2) if dims is not None and
-                  (dims.dp_shard > 1 or dims.cp > 1) and not _env_selects("use_fsdp")
+                  (dims.dp_shard > 1 or dims.cp > 1) and not _launcher_selects(settings, "use_fsdp")
                   else FullyShardedDataParallelPlugin())
     if dims is not None and dims.cp > 1 and isinstance(plugin, FullyShardedDataParallelPlugin) and \
             plugin.fsdp_version == 1:
@@ -97,10 +97,14 @@ def _megatron(state, settings, dims, plugin=None) -> Strategy:
     return megatron_strategy(state, settings, dims, plugin)
 
 
-def _env_selects(switch: str) -> bool:
-    from ..core.env_aliases import get_flag_setting
+def _launcher_selects(settings, switch: str) -> bool:
+    """Whether the launcher selected the backend ``switch`` names: the run's resolved settings say (a caller
+    without settings, such as a test building a strategy alone, has the environment read for it)."""
+    if settings is None:
+        from ..config.accelerator_settings import launcher_switches
 
-    return get_flag_setting(switch)
+        return switch in launcher_switches()
+    return switch in settings.launcher_switches
 
 
 @dataclass(frozen=True)
@@ -118,9 +122,9 @@ _BACKENDS = (
     _Backend("tensor parallelism", "torch_tp_plugin", None, _tensor_parallel),
 )
 
-def requested_backend(plugins: dict) -> Optional[tuple]:
-    """``(backend, how it was asked for)`` for the first backend a plugin argument or the launcher's environment
-    selects, else None."""
+def requested_backend(plugins: dict, settings=None) -> Optional[tuple]:
+    """``(backend, how it was asked for)`` for the first backend a plugin argument or the launcher (``settings``'
+    ``launcher_switches``) selects, else None."""
     from ..core.env_aliases import setting_variables
 
     given = [backend for backend in _BACKENDS if plugins.get(backend.plugin) is not None]
@@ -131,7 +135,7 @@ def requested_backend(plugins: dict) -> Optional[tuple]:
     for backend in given:
         return backend, f"{backend.plugin}=..."
     for backend in _BACKENDS:
-        if backend.env_switch is not None and _env_selects(backend.env_switch):
+        if backend.env_switch is not None and _launcher_selects(settings, backend.env_switch):
             variable = setting_variables(backend.env_switch)[0]
             return backend, (f"{variable}=true, set by `hasten launch` from a config file's distributed_type or a "
                              "--use_* flag")
@@ -160,7 +164,7 @@ def select_strategy(state, settings=None, dims=None, **plugins) -> Strategy:
     """The strategy for this run, from the plugins given, the launcher's environment and the layout ``dims``
     (a ``ParallelDims``), else from the process state (one device, or DDP). ``settings``: the run's
     ``AcceleratorSettings`` (precision, kwargs handlers), handed to the strategy."""
-    asked = requested_backend(plugins)
+    asked = requested_backend(plugins, settings)
     if getattr(dims, "sp", 1) > 1 and (asked is None or asked[0].factory is not _deepspeed):
         raise _sequence_parallelism_needs_deepspeed(dims, asked)
     if asked is not None:

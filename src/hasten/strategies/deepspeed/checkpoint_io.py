@@ -67,11 +67,13 @@ class DeepSpeedCheckpointIO:
     """The engines write and read their own checkpoints; the full-state IO the rest."""
 
     # ------------------------------------------------------------ saving
-    def collect(self, strategy, targets: CheckpointTargets):
+    def collect(self, strategy, targets: CheckpointTargets, options: Optional[dict] = None):
+        """The non-engine state in memory, the engines to write and ``options`` for ``engine.save_checkpoint``
+        (``exclude_frozen_parameters``)."""
         snapshot = take_snapshot(strategy, dataclasses.replace(targets, models=[], optimizers=[]))
         engines = [strategy.engine_of(model) for model in targets.models]
         return EngineSnapshot(**{f.name: getattr(snapshot, f.name) for f in dataclasses.fields(Snapshot)},
-                              engines=engines, options=dict(getattr(strategy, "save_options", {})))
+                              engines=engines, options=dict(options or {}))
 
     def write(self, strategy, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
               safe_serialization: bool = True, process_group=None) -> None:

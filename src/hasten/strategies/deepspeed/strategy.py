@@ -95,7 +95,6 @@ class DeepSpeedStrategy(Strategy):
         super().__init__(state, settings, dims)
         self._engines: list = []
         self.deepspeed_config: Optional[dict] = None  # the last engine's config, "auto" filled (prepare sets it)
-        self.save_options: dict = {}  # save_state(**save_model_func_kwargs) for the save in progress
         from .checkpoint_io import DeepSpeedCheckpointIO
 
         self.checkpoint_io = DeepSpeedCheckpointIO()
@@ -107,9 +106,11 @@ class DeepSpeedStrategy(Strategy):
         return EnginePrecision(self.settings.mixed_precision, self.state.device,
                                fp8_recipe=self.handlers.get(AORecipeKwargs))
 
+    def state_views(self) -> dict:
+        return {"distributed_type": DistributedType.DEEPSPEED}
+
     def setup(self) -> None:
         deepspeed = require_deepspeed()
-        self.state.distributed_type = DistributedType.DEEPSPEED
         if self.state.num_processes == 1 and not torch.distributed.is_initialized():
             _single_process_environment()
         deepspeed.init_distributed(dist_backend="gloo" if self.state.device.type == "cpu" else None,
@@ -332,14 +333,12 @@ class DeepSpeedStrategy(Strategy):
         self._engines.clear()
 
     # ------------------------------------------------------------ the training step
-    def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, **kwargs) -> None:
-        from ...state import GradientState
-
+    def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, sync_gradients=True,
+                 **kwargs) -> None:
         engine_model = kwargs.pop("model", None) or model
         record = self._record(engine_model) if engine_model is not None else self._record(self.engine_of())
         engine = record.engine
-        boundary = GradientState().sync_gradients
-        engine.set_gradient_accumulation_boundary(boundary)
+        engine.set_gradient_accumulation_boundary(sync_gradients)  # hasten's boundary, given by the Accelerator
         # scale_wrt_gas=False (DeepSpeed's keyword; transformers' Trainer passes it): the loss is divided by the
         # accumulation steps already, so it is not divided again
         if kwargs.pop("scale_wrt_gas", True):

@@ -59,11 +59,12 @@ class FSDP2Strategy(Strategy):
 
         return ShardedGradScaler
 
+    def state_views(self) -> dict:
+        return {"distributed_type": DistributedType.FSDP, "fsdp_plugin": self.plugin}  # what scripts check
+
     def setup(self) -> None:
         if self.state.num_processes == 1:  # debugging FSDP on one device: torch shards over a world of one
             getattr(self.state, "_partial", self.state).start_single_process_group()
-        self.state.distributed_type = DistributedType.FSDP  # what scripts check (AcceleratorState only)
-        self.state.fsdp_plugin = self.plugin
         if self.state.device.type == "cpu":  # freed shard buffers go back to the system (core/allocator.py)
             from ...core.allocator import limit_heap_retention
 

@@ -83,7 +83,7 @@ class ShardedCheckpointIO:
     """Checkpoint IO for sharded strategies (FSDP ``SHARDED_STATE_DICT``): DCP folders per model and optimizer."""
 
     # ------------------------------------------------------------ saving
-    def collect(self, strategy, targets: CheckpointTargets):
+    def collect(self, strategy, targets: CheckpointTargets, options: Optional[dict] = None):
         """Every state, the models' and optimizers' as this rank's shards (no gathering)."""
         return take_snapshot(strategy, targets, model_state=strategy.sharded_model_state_dict,
                              optimizer_state=strategy.sharded_optimizer_state_dict)

@@ -83,10 +83,13 @@ class _MegatronOptions:
         # without a pipeline num_micro_batches is 1 (check_torch_native refuses more)
         plugin.set_training_args(batch_size // plugin.num_micro_batches, plugin.data_parallel_size)
 
-    def _record(self, state, data_parallel_size: int) -> None:
+    def state_views(self) -> dict:
+        # what scripts written for Accelerate check
+        return {**super().state_views(), "distributed_type": DistributedType.MEGATRON_LM,
+                "megatron_lm_plugin": self.megatron_plugin}
+
+    def _record(self, data_parallel_size: int) -> None:
         plugin = self.megatron_plugin
-        state.distributed_type = DistributedType.MEGATRON_LM  # what scripts written for Accelerate check
-        state.megatron_lm_plugin = plugin
         plugin.data_parallel_size = data_parallel_size
         plugin.megatron_lm_default_args["data_parallel_size"] = data_parallel_size
 
@@ -116,7 +119,7 @@ class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
 
     def setup(self) -> None:
         super().setup()
-        self._record(self.state, self.layout.dp_size)
+        self._record(self.layout.dp_size)
 
     def _plan_for(self, model):
         plan = super()._plan_for(model)
@@ -152,7 +155,7 @@ class MegatronLMSingleDeviceStrategy(_MegatronOptions, SingleDeviceStrategy):
 
     def setup(self) -> None:
         super().setup()
-        self._record(self.state, 1)
+        self._record(1)
 
     def prepare_model(self, model, device_placement=True, evaluation_mode=False):
         model = super().prepare_model(model, device_placement, evaluation_mode)

@@ -151,7 +151,8 @@ class ModelParallelStrategy(FSDP2Strategy):
 
         return loss_parallel()
 
-    def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, **kwargs) -> None:
+    def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, sync_gradients=True,
+                 **kwargs) -> None:
         """Under pipeline parallelism the schedule ran the backward when the model was called: nothing to do.
         With a loss-parallel head, the backward runs in torch's ``loss_parallel`` context, as it must."""
         if self.layout.pp > 1:
@@ -161,7 +162,7 @@ class ModelParallelStrategy(FSDP2Strategy):
             return
         with self.loss_parallel() or contextlib.nullcontext():
             super().backward(loss, model, accumulation_steps=accumulation_steps,
-                             num_items_in_batch=num_items_in_batch, **kwargs)
+                             num_items_in_batch=num_items_in_batch, sync_gradients=sync_gradients, **kwargs)
 
     def unwrap(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
         from .pipeline_model import PipelineModel
