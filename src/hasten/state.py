@@ -561,25 +561,21 @@ class AcceleratorState:
     def distributed_type(self, value) -> None:
         self.__dict__["_written_distributed_type"] = value
 
-    @property
-    def fsdp_plugin(self):
-        """The FSDP plugin the run shards with (the registered run's), else the one the Accelerator was given."""
-        shown = self._shown("fsdp_plugin")
-        return shown if shown is not None else self._stored("_given_fsdp_plugin")
+    def _plugin_view(name: str, doc: str) -> property:  # noqa: N805 - builds the class's properties below
+        """A plugin the registered run shows as ``name``, else the one the Accelerator was given (settable)."""
+        def get(self):
+            shown = self._shown(name)
+            return shown if shown is not None else self._stored(f"_given_{name}")
 
-    @fsdp_plugin.setter
-    def fsdp_plugin(self, plugin) -> None:
-        self.__dict__["_given_fsdp_plugin"] = plugin
+        def put(self, plugin) -> None:
+            self.__dict__[f"_given_{name}"] = plugin
 
-    @property
-    def megatron_lm_plugin(self):
-        """The ``MegatronLMPlugin`` the run trains with (the registered run's), else the one given."""
-        shown = self._shown("megatron_lm_plugin")
-        return shown if shown is not None else self._stored("_given_megatron_lm_plugin")
+        return property(get, put, doc=doc)
 
-    @megatron_lm_plugin.setter
-    def megatron_lm_plugin(self, plugin) -> None:
-        self.__dict__["_given_megatron_lm_plugin"] = plugin
+    fsdp_plugin = _plugin_view("fsdp_plugin", "The FSDP plugin the run shards with, else the one given.")
+    megatron_lm_plugin = _plugin_view("megatron_lm_plugin", "The ``MegatronLMPlugin`` the run trains with, else the "
+                                                            "one given.")
+    del _plugin_view
 
     # ------------------------------------------------------------------ settings
     @property
