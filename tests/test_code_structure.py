@@ -388,3 +388,43 @@ def test_every_source_path_a_docstring_or_doc_names_exists():
     stale = stale_path_mentions(SOURCE_ROOT.parent)
     assert not stale, "Paths named in docstrings, comments or docs that do not exist (say what the code does " \
                       "today):\n" + "\n".join(stale)
+
+
+# ----------------------------------------------------------------------------- the run is registered once
+# The process-wide state's training facts: written by state.py alone (AcceleratorState's constructor and
+# register_run), read everywhere else. Accelerate's own test scripts (test_utils/scripts) may set them, as its tests do.
+TRAINING_FACTS = {"distributed_type", "fsdp_plugin", "megatron_lm_plugin", "deepspeed_plugins", "torch_tp_plugin",
+                  "mixed_precision", "_mixed_precision", "parallelism_config", "dynamo_plugin"}
+MAY_WRITE_FACTS = ("state.py", "test_utils/scripts/")
+
+
+def state_fact_writes(root: Path = SOURCE_ROOT / PACKAGE) -> list:
+    """``file:line: target`` for every assignment to a training fact of something named like a state
+    (``self.state.fsdp_plugin = ...``, ``AcceleratorState().distributed_type = ...``) outside ``MAY_WRITE_FACTS``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith(MAY_WRITE_FACTS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr in TRAINING_FACTS and \
+                        "state" in ast.unparse(target.value).lower():
+                    found.append(f"{relative}:{node.lineno}: {ast.unparse(target)}")
+    return found
+
+
+def test_the_fact_scan_finds_writes_to_the_state(tmp_path):
+    _write(tmp_path, {"pkg/mod.py": "def f(self, s):\n    self.state.fsdp_plugin = 1\n"
+                                    "    AcceleratorState().distributed_type = 2\n    s.distributed_type = 3\n"
+                                    "    self.fsdp_plugin = 4\n"})
+    assert state_fact_writes(tmp_path / "pkg") == ["mod.py:2: self.state.fsdp_plugin",
+                                                   "mod.py:3: AcceleratorState().distributed_type"]
+
+
+def test_no_room_writes_a_training_fact_into_the_process_wide_state():
+    found = state_fact_writes()
+    assert not found, ("Training facts written into the process-wide state outside state.py (register the run, or "
+                       "pass the value down as an argument):\n" + "\n".join(found))
