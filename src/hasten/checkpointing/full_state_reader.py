@@ -28,7 +28,7 @@ from .model_files import prepare_loaded_state
 from .optimizer_names import by_position
 from .rng import capture_rng_states, restore_rng_states
 from .safe_load import load_pickle_file, load_safetensors_file
-from .sharded_files import is_sharded_folder, model_weights_from_shards, optimizer_state_from_shards
+from .sharded_files import ShardedFormat, is_sharded_folder, model_weights_from_shards, optimizer_state_from_shards
 from .targets import CheckpointTargets, loader_state
 
 __all__ = ["LoadedState", "read_full_state", "apply_full_state", "model_path", "EngineCheckpointFormat"]
@@ -66,10 +66,10 @@ def model_path(folder: Path, index: int, formats: Sequence[EngineCheckpointForma
     pickled = folder / layout.model_file(index, False)
     if pickled.is_file():
         return pickled
-    sharded = folder / f"pytorch_model_fsdp_{index}"
-    if is_sharded_folder(sharded):  # written per rank by a sharded strategy: read whole here
+    sharded = folder / ShardedFormat.model_folder(index)
+    if ShardedFormat.recognises(sharded):  # written per rank by a sharded strategy: read whole here
         return sharded
-    gathered = folder / ("pytorch_model_fsdp.bin" if index == 0 else f"pytorch_model_fsdp_{index}.bin")
+    gathered = folder / ShardedFormat.gathered_model_file(index)
     if gathered.is_file():  # the reference library's FSDP full state dict
         return gathered
     for fmt in formats:  # an engine's own checkpoint: rebuilt whole here
@@ -101,7 +101,7 @@ def _optimizer_path(folder: Path, index: int, formats: Sequence[EngineCheckpoint
             engine = fmt.folder(folder, index)
             if _engine_format(engine, (fmt,)) is not None:
                 return engine
-    return _require(folder, layout.optimizer_file(index), f"optimizer {index}", f"optimizer_{index}")
+    return _require(folder, layout.optimizer_file(index), f"optimizer {index}", ShardedFormat.optimizer_folder(index))
 
 
 def _engine_optimizer_state(strategy, fmt: EngineCheckpointFormat, path: Path, owner, optimizer) -> dict:

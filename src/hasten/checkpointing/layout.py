@@ -26,6 +26,7 @@ from typing import Optional
 
 # model.safetensors / pytorch_model.bin, optimizer.bin ...: Accelerate's names, defined in hasten.utils.constants
 from ..core.constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SCALER_NAME, SCHEDULER_NAME
+from .sharded_files import ShardedFormat
 
 __all__ = [
     "SAFE_MODEL_NAME", "MODEL_NAME", "OPTIMIZER_NAME", "SCHEDULER_NAME", "SCALER_NAME", "RNG_STATE_NAME",
@@ -50,7 +51,7 @@ _CHECKPOINT_FILE = re.compile(
     r"(model|pytorch_model|optimizer|scheduler|sampler|dl_state_dict)(_\d+)?\.(safetensors|bin)"
     rf"|{re.escape(SCALER_NAME)}|{RNG_STATE_NAME}_\d+\.pkl|{CUSTOM_NAME}_\d+\.pkl|{LOADER_STATES_NAME}_\d+\.bin"
     rf"|{re.escape(MARKER_NAME)}|{PROCESS_RECORD_NAME}_\d+\.json"
-    r"|pytorch_model_fsdp_\d+|optimizer_\d+"  # sharded (DCP) folders of models and optimizers
+    rf"|{ShardedFormat.NAME_PATTERN}"  # sharded (DCP) folders of models and optimizers
 )
 
 

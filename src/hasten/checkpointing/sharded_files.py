@@ -1,4 +1,5 @@
-"""Reading a sharded (DCP) checkpoint's model and optimizer folders in one process, as full states.
+"""The sharded (DCP) checkpoint format, ``ShardedFormat``: its names, how it is recognised on disk, and reading its
+model and optimizer folders in one process, as full states.
 
 An unsharded run (one process, DDP) loads a checkpoint an FSDP run wrote with ``SHARDED_STATE_DICT`` through
 these, and ``hasten merge-weights`` turns one into a safetensors model with them. Nothing beyond DCP metadata,
@@ -8,11 +9,48 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..core.constants import FSDP_MODEL_NAME
 from .errors import CorruptCheckpointError
 from .optimizer_names import by_position
 from .safe_load import UNSAFE_OPT_IN
 
-__all__ = ["is_sharded_folder", "model_weights_from_shards", "optimizer_state_from_shards"]
+__all__ = ["ShardedFormat", "is_sharded_folder", "model_weights_from_shards", "optimizer_state_from_shards"]
+
+
+class ShardedFormat:
+    """Models and optimizers saved as ``torch.distributed.checkpoint`` folders, one file per rank (FSDP's
+    ``SHARDED_STATE_DICT``, tensor / pipeline / context parallelism), in the reference library's names:
+
+    - ``pytorch_model_fsdp_{i}/``: model ``i``, ``{"model": state dict}``, a ``__{rank}_0.distcp`` file per rank
+      and ``.metadata``;
+    - ``optimizer_{i}/``: optimizer ``i``, ``{"optimizer": state dict keyed by parameter name}``;
+    - ``pytorch_model_fsdp[_i].bin``: the same model gathered into one file (FSDP's ``FULL_STATE_DICT``).
+
+    The one place these names are spelled: the sharded IO writes with them, the full-state reader and
+    ``merge-weights`` find the folders through them, the folder scan (``layout.is_checkpoint_file``) knows them
+    by ``NAME_PATTERN``.
+    """
+
+    #: the names this format adds to a checkpoint folder (its DCP folders)
+    NAME_PATTERN = rf"{FSDP_MODEL_NAME}_\d+|optimizer_\d+"
+
+    @staticmethod
+    def model_folder(index: int) -> str:
+        return f"{FSDP_MODEL_NAME}_{index}"
+
+    @staticmethod
+    def optimizer_folder(index: int) -> str:
+        return f"optimizer_{index}"
+
+    @staticmethod
+    def gathered_model_file(index: int) -> str:
+        """Model ``index`` gathered into one pickled file (``pytorch_model_fsdp.bin``, ``pytorch_model_fsdp_1.bin``)."""
+        return f"{FSDP_MODEL_NAME}.bin" if index == 0 else f"{FSDP_MODEL_NAME}_{index}.bin"
+
+    @staticmethod
+    def recognises(path: Path) -> bool:
+        """Whether ``path`` is one of this format's folders (``is_sharded_folder``)."""
+        return is_sharded_folder(path)
 
 
 def is_sharded_folder(path: Path) -> bool:

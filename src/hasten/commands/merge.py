@@ -43,14 +43,16 @@ def merge_command(args):
     ``args.output_path``."""
     from pathlib import Path
 
+    from ..checkpointing.sharded_files import ShardedFormat
     from ..strategies.fsdp.functions import merge_fsdp_weights
     from .errors import CommandError
 
     folder = Path(args.checkpoint_directory)
     if not folder.is_dir():
         raise CommandError(f"{folder} is not a folder: give the checkpoint folder save_state wrote under FSDP.")
-    if not (folder / ".metadata").is_file() and (folder / "pytorch_model_fsdp_0" / ".metadata").is_file():
-        folder = folder / "pytorch_model_fsdp_0"  # a whole checkpoint: its first model
+    first_model = folder / ShardedFormat.model_folder(0)
+    if not ShardedFormat.recognises(folder) and ShardedFormat.recognises(first_model):
+        folder = first_model  # a whole checkpoint: its first model
     try:
         merge_fsdp_weights(str(folder), args.output_path, safe_serialization=not args.unsafe_serialization,
                            remove_checkpoint_dir=args.remove_checkpoint_dir)

@@ -1,13 +1,8 @@
 """Accelerate's FSDP model and optimizer file functions (``save_fsdp_model`` ...), on hasten's FSDP strategy.
 
-They write and read the reference library's names, per the plugin's ``state_dict_type``:
-
-=======================  ===========================================  =========================================
-state_dict_type          model ``i``                                   optimizer ``i``
-=======================  ===========================================  =========================================
-``FULL_STATE_DICT``      ``pytorch_model_fsdp[_i].bin`` (main process)  ``optimizer[_i].bin``, keyed by name
-``SHARDED_STATE_DICT``   ``pytorch_model_fsdp_{i}/`` (DCP, per rank)    ``optimizer_{i}/`` (DCP, per rank)
-=======================  ===========================================  =========================================
+They write and read the reference library's names (``ShardedFormat``, checkpointing/sharded_files.py), per the
+plugin's ``state_dict_type``: ``FULL_STATE_DICT`` the gathered model file on the main process and ``optimizer[_i].bin``
+keyed by name; ``SHARDED_STATE_DICT`` the DCP folders of the model and the optimizer, per rank.
 
 ``Accelerator.save_state`` / ``load_state`` do all of this atomically, with the rest of the training state; these
 functions are for scripts and libraries written against Accelerate's lower-level API (transformers' Trainer saves
@@ -26,14 +21,13 @@ from typing import Optional
 import torch
 
 from ...core.planned import not_yet_supported
+from ...checkpointing.layout import optimizer_file
+from ...checkpointing.sharded_files import ShardedFormat
 from ...parallel import ParallelDims
 
 __all__ = ["save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
            "fsdp2_load_full_state_dict", "fsdp2_switch_optimizer_parameters", "fsdp2_apply_ac",
            "fsdp2_prepare_model"]
-
-_MODEL = "pytorch_model_fsdp"
-
 
 def _strategy(accelerator, what: str):
     from .fsdp2 import FSDP2Strategy
@@ -71,10 +65,6 @@ def _kind(fsdp_plugin, use_dcp: bool) -> str:
                             f"use_dcp={use_dcp})", "use SHARDED_STATE_DICT with use_dcp=True, or FULL_STATE_DICT")
 
 
-def _numbered(stem: str, index: int, extension: str = ".bin") -> str:
-    return f"{stem}{extension}" if index == 0 else f"{stem}_{index}{extension}"
-
-
 def _load_shards(state: dict, folder: Path) -> None:
     from .sharded_io import check_against_metadata, load_shards
 
@@ -94,10 +84,10 @@ def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0, 
     if kind == "full":
         state = _only(strategy.model_state_dict(model, full=True), names)
         if accelerator.is_main_process:
-            torch.save(state, Path(output_dir) / _numbered(_MODEL, model_index))
+            torch.save(state, Path(output_dir) / ShardedFormat.gathered_model_file(model_index))
     else:
         dcp.save({"model": _only(strategy.sharded_model_state_dict(model), names)},
-                 checkpoint_id=str(Path(output_dir) / f"{_MODEL}_{model_index}"))
+                 checkpoint_id=str(Path(output_dir) / ShardedFormat.model_folder(model_index)))
     accelerator.wait_for_everyone()
 
 
@@ -109,10 +99,10 @@ def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index=0, a
     kind = _kind(fsdp_plugin, use_dcp)
     names = _adapter_names(strategy, model, adapter_only)
     if kind == "full":
-        path = Path(input_dir) / _numbered(_MODEL, model_index)
+        path = Path(input_dir) / ShardedFormat.gathered_model_file(model_index)
         state = _only(torch.load(path, map_location="cpu", weights_only=True), names)
     else:
-        folder = Path(input_dir) / f"{_MODEL}_{model_index}"
+        folder = Path(input_dir) / ShardedFormat.model_folder(model_index)
         folder = folder if folder.is_dir() else Path(input_dir)  # the model's DCP folder itself
         state = {"model": empty_like(_only(strategy.sharded_model_state_dict(model), names))}
         _load_shards(state, folder)
@@ -134,10 +124,10 @@ def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, 
         state = strategy.optimizer_state_dict(model, optimizer)
         if accelerator.is_main_process:  # keyed by name, as the reference library writes it
             torch.save(by_name(state, strategy.optimizer_parameter_names(model, optimizer)),
-                       Path(output_dir) / _numbered("optimizer", optimizer_index))
+                       Path(output_dir) / optimizer_file(optimizer_index))
     else:
         dcp.save({"optimizer": strategy.sharded_optimizer_state_dict(model, optimizer)},
-                 checkpoint_id=str(Path(output_dir) / f"optimizer_{optimizer_index}"))
+                 checkpoint_id=str(Path(output_dir) / ShardedFormat.optimizer_folder(optimizer_index)))
     accelerator.wait_for_everyone()
 
 
@@ -150,11 +140,11 @@ def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, o
     strategy = _strategy(accelerator, "load_fsdp_optimizer")
     kind = _kind(fsdp_plugin, use_dcp)  # adapter_only: the optimizer trains the adapter's parameters only anyway
     if kind == "full":
-        named = torch.load(Path(input_dir) / _numbered("optimizer", optimizer_index), map_location="cpu",
+        named = torch.load(Path(input_dir) / optimizer_file(optimizer_index), map_location="cpu",
                            weights_only=True)
         state = by_position(named, strategy.optimizer_parameter_names(model, optimizer), named["param_groups"])
     else:
-        folder = Path(input_dir) / f"optimizer_{optimizer_index}"
+        folder = Path(input_dir) / ShardedFormat.optimizer_folder(optimizer_index)
         folder = folder if folder.is_dir() else Path(input_dir)
         state = {"optimizer": empty_like(strategy.sharded_optimizer_state_dict(model, optimizer))}
         _load_shards(state, folder)

@@ -1,10 +1,6 @@
 """Sharded checkpoint IO: every rank writes its own shards of the models and optimizers with
-``torch.distributed.checkpoint`` (DCP), in the reference library's layout, inside the same staging folder.
-
-=============================  ===================================================================
-``pytorch_model_fsdp_{i}/``    model ``i``: ``{"model": state dict}``, one ``__{rank}_0.distcp`` per rank + ``.metadata``
-``optimizer_{i}/``             optimizer ``i``: ``{"optimizer": state dict keyed by parameter name}``
-=============================  ===================================================================
+``torch.distributed.checkpoint`` (DCP), in the reference library's layout (``ShardedFormat``'s names:
+``pytorch_model_fsdp_{i}/``, ``optimizer_{i}/``; checkpointing/sharded_files.py), inside the same staging folder.
 
 Everything else (schedulers, scaler, registered objects, random states, loader positions) is written and read
 by the full-state IO. Loading reshards: the shards are read into this run's layout, whatever the number of
@@ -27,18 +23,14 @@ from ...checkpointing.errors import CheckpointError, IncompleteCheckpointError
 from ...checkpointing.full_state_reader import apply_full_state, read_full_state
 from ...checkpointing.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 from ...checkpointing.safe_load import UNSAFE_OPT_IN
+from ...checkpointing.sharded_files import ShardedFormat
 from ...checkpointing.targets import CheckpointTargets
 
 __all__ = ["ShardedCheckpointIO", "sharded_model_folder", "sharded_optimizer_folder", "empty_like",
            "check_against_metadata", "load_shards"]
 
 
-def sharded_model_folder(index: int) -> str:
-    return f"pytorch_model_fsdp_{index}"
-
-
-def sharded_optimizer_folder(index: int) -> str:
-    return f"optimizer_{index}"
+sharded_model_folder, sharded_optimizer_folder = ShardedFormat.model_folder, ShardedFormat.optimizer_folder
 
 
 def empty_like(state):
