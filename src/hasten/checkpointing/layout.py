@@ -65,11 +65,6 @@ def model_file(index: int, safe_serialization: bool = True) -> str:
         else _numbered(MODEL_NAME, index, "bin")
 
 
-def deepspeed_folder(index: int) -> str:
-    """The folder DeepSpeed engine ``index`` writes its own checkpoint to (``pytorch_model``, ``pytorch_model_1``)."""
-    return "pytorch_model" if index == 0 else f"pytorch_model_{index}"
-
-
 def optimizer_file(index: int) -> str:
     return _numbered(OPTIMIZER_NAME, index, "bin")
 

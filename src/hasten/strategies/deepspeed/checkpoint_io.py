@@ -24,16 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ...checkpointing import layout
 from ...checkpointing.checkpoint_io import Snapshot, take_snapshot, write_full_state
 from ...checkpointing.errors import IncompleteCheckpointError
 from ...checkpointing.full_state_reader import LoadedState, apply_full_state, read_full_state
 from ...checkpointing.targets import CheckpointTargets
-from .checkpoint_reader import check_trusted
+from .checkpoint_reader import DeepSpeedCheckpointFormat, check_trusted
 
 __all__ = ["DeepSpeedCheckpointIO", "engine_tag"]
 
-engine_tag = layout.deepspeed_folder  # the folder engine ``index`` writes its checkpoint to
+engine_tag = DeepSpeedCheckpointFormat.folder_name  # the folder engine ``index`` writes its checkpoint to
 
 @dataclass
 class EngineSnapshot(Snapshot):

@@ -40,7 +40,6 @@ from typing import Optional
 
 import torch
 
-from ...checkpointing import layout
 from ...checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
 from ...checkpointing.optimizer_names import by_name
 from ...checkpointing.safe_load import UNSAFE_OPT_IN
@@ -425,10 +424,16 @@ def check_trusted(folder: Path, marker: Optional[dict], load_kwargs: Optional[di
 
 class DeepSpeedCheckpointFormat:
     """A DeepSpeed engine's checkpoint folder (``pytorch_model[_i]/``), which every strategy reads whole: the
-    full-state reader's ``EngineCheckpointFormat`` for DeepSpeed (``Strategy.engine_checkpoint_formats``)."""
+    full-state reader's ``EngineCheckpointFormat`` for DeepSpeed (``Strategy.engine_checkpoint_formats``). The one
+    place the folder's name is spelled (the engine writes into it: ``checkpoint_io.engine_tag``)."""
+
+    @staticmethod
+    def folder_name(index: int) -> str:
+        """The folder engine ``index`` writes its own checkpoint to (``pytorch_model``, ``pytorch_model_1``)."""
+        return "pytorch_model" if index == 0 else f"pytorch_model_{index}"
 
     def folder(self, checkpoint: Path, index: int) -> Path:
-        return Path(checkpoint) / layout.deepspeed_folder(index)
+        return Path(checkpoint) / self.folder_name(index)
 
     def recognises(self, path: Path) -> bool:
         return is_deepspeed_checkpoint(path)
