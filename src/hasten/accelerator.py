@@ -158,10 +158,10 @@ class Accelerator:
             parallelism_config=parallelism_config, _from_accelerator=True, **init_kwargs,
         )
         dims = ParallelDims.from_config(parallelism_config, self.state.num_processes)  # validated: sizes fit
-        if parallelism_config is not None and parallelism_config.ignored_handlers() and self.state.is_main_process:
+        ignored = parallelism_config.ignored_handlers() if parallelism_config is not None else []
+        if ignored and self.state.is_main_process:
             warnings.warn("ParallelismConfig: " + "; ".join(
-                f"{name}_handler is set but {name}_size is 1, so it is ignored"
-                for name in parallelism_config.ignored_handlers()), stacklevel=2)
+                f"{name}_handler is set but {name}_size is 1, so it is ignored" for name in ignored), stacklevel=2)
         self.strategy = select_strategy(
             self.state, settings, dims, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins,
             fsdp_plugin=fsdp_plugin, megatron_lm_plugin=megatron_lm_plugin, torch_tp_plugin=torch_tp_plugin,

@@ -531,8 +531,10 @@ class AcceleratorState:
         shared = cls._shared_state
         run = shared.get("_run")
         views = run.state_views() if run is not None else {}
+        plugins = {name: views.get(name, shared.get(f"_given_{name}"))
+                   for name in ("fsdp_plugin", "megatron_lm_plugin")}
         return {"deepspeed_plugins": shared.get("deepspeed_plugins"), "torch_tp_plugin": shared.get("torch_tp_plugin"),
-                **{name: views.get(name, shared.get(f"_given_{name}")) for name in ("fsdp_plugin", "megatron_lm_plugin")}}
+                **plugins}
 
     def _stored(self, key: str):
         """``key`` of the shared state; AttributeError when a reset emptied it (``__getattr__`` then says so)."""

@@ -8,8 +8,9 @@ folders already on users' disks fails a test.
 
 Each run trains ``tiny_model()`` two steps with SGD and writes ``OUT/<format>/checkpoint`` and the full weights it
 holds, ``OUT/<format>/weights.pt``. DeepSpeed copies its recovery scripts (``zero_to_fp32.py`` ...) into every
-checkpoint; they are DeepSpeed's code, not a format, so they are taken out of the fixture and of its marker. Run again only to add a new format: the folders already there are the formats
-of their day (their date is in the folder name the test reads).
+checkpoint; they are DeepSpeed's code, not a format, so they are taken out of the fixture and of its marker. Run
+again only to add a new format: the folders already there are the formats of their day (their date is in the folder
+name the test reads).
 """
 from __future__ import annotations
 

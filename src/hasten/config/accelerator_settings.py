@@ -21,7 +21,8 @@ from .kwargs import KwargsHandler
 from .project import ProjectConfiguration
 from .resolution import resolve
 
-__all__ = ["AcceleratorSettings", "BACKEND_SWITCHES", "launcher_switches", "resolve_accelerator_settings", "resolve_mixed_precision", "SPLIT_BATCHES_UNSET"]
+__all__ = ["AcceleratorSettings", "BACKEND_SWITCHES", "launcher_switches", "resolve_accelerator_settings",
+           "resolve_mixed_precision", "SPLIT_BATCHES_UNSET"]
 
 SPLIT_BATCHES_UNSET = object()  # the deprecated ``split_batches`` argument was not passed
 

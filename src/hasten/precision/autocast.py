@@ -133,11 +133,10 @@ class MixedPrecision(Precision):
     def autocast(self, autocast_handler=None):
         """The autocast context for this run (``autocast_handler`` overrides the run's AutocastKwargs): this
         precision's device and dtype, never the process-wide state's."""
-        options = _autocast_options(autocast_handler) if autocast_handler is not None else self._autocast_options
+        options = self._autocast_options if autocast_handler is None else \
+            {"dtype": self._autocast_options["dtype"], **_autocast_options(autocast_handler)}
         if not self.native_amp:
             return contextlib.nullcontext()
-        if autocast_handler is not None:
-            options.setdefault("dtype", self._autocast_options["dtype"])
         return torch.autocast(self.device.type, **options)
 
     def wrap_forward(self, model):

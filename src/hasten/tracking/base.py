@@ -1,8 +1,8 @@
 """``GeneralTracker``: the base class of experiment trackers, and ``on_main_process`` for their methods.
 
-A tracker names itself (``name``), says whether it writes to a logging directory
-(``requires_logging_directory``) and which package it runs on (``package``, ``is_installed``), exposes its underlying run object (``tracker``) and implements
-``store_init_configuration``, ``log`` and ``finish``. Subclass it to log to anything; give an instance to
+A tracker names itself (``name``), says whether it writes to a logging directory (``requires_logging_directory``)
+and which package it runs on (``package``, ``is_installed``), exposes its underlying run object (``tracker``) and
+implements ``store_init_configuration``, ``log`` and ``finish``. Subclass it to log to anything; give an instance to
 ``Accelerator(log_with=[...])`` or register the class with ``register_tracker_class``.
 """
 from __future__ import annotations

@@ -20,8 +20,8 @@ from .tensorboard import TensorBoardTracker
 from .trackio import TrackioTracker
 from .wandb import WandBTracker
 
-__all__ = ["BUILTIN_TRACKERS", "check_log_with_names", "LOGGER_TYPE_TO_CLASS", "register_tracker_class", "get_available_trackers",
-           "filter_trackers", "known_tracker_names", "is_tracker_installed"]
+__all__ = ["BUILTIN_TRACKERS", "check_log_with_names", "LOGGER_TYPE_TO_CLASS", "register_tracker_class",
+           "get_available_trackers", "filter_trackers", "known_tracker_names", "is_tracker_installed"]
 
 # The built-in trackers: each class declares its own name, package and installed check
 BUILTIN_TRACKERS = (AimTracker, CometMLTracker, MLflowTracker, TensorBoardTracker, WandBTracker, ClearMLTracker,

@@ -20,14 +20,15 @@ from typing import Optional
 
 import torch
 
-from ...core.planned import not_yet_supported
 from ...checkpointing.layout import optimizer_file
 from ...checkpointing.sharded_files import ShardedFormat
+from ...core.planned import not_yet_supported
 from ...parallel import ParallelDims
 
 __all__ = ["save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
            "fsdp2_load_full_state_dict", "fsdp2_switch_optimizer_parameters", "fsdp2_apply_ac",
            "fsdp2_prepare_model"]
+
 
 def _strategy(accelerator, what: str):
     from .fsdp2 import FSDP2Strategy

@@ -17,8 +17,8 @@ from typing import Callable, Union
 
 import torch
 
-from ...config.fsdp import layer_classes
 from ...checkpointing.sharded_files import ShardedFormat
+from ...config.fsdp import layer_classes
 from ...core.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from ...logging import get_logger
 from .checkpoint_files import (
@@ -89,8 +89,8 @@ def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization
 
     checkpoint_dir = Path(checkpoint_dir)
     if not (checkpoint_dir / ".metadata").is_file():
-        hints = [str(checkpoint_dir / sub) for sub in (ShardedFormat.model_folder(0), ShardedFormat.optimizer_folder(0))
-                 if (checkpoint_dir / sub / ".metadata").is_file()]
+        firsts = (ShardedFormat.model_folder(0), ShardedFormat.optimizer_folder(0))
+        hints = [str(checkpoint_dir / sub) for sub in firsts if ShardedFormat.recognises(checkpoint_dir / sub)]
         hint = f" Did you mean {' or '.join(hints)}?" if hints else ""
         raise ValueError(f"{checkpoint_dir} is not a sharded (DCP) checkpoint: it has no .metadata file.{hint}")
     state = PartialState()

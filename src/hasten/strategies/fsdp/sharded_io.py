@@ -26,11 +26,8 @@ from ...checkpointing.safe_load import UNSAFE_OPT_IN
 from ...checkpointing.sharded_files import ShardedFormat
 from ...checkpointing.targets import CheckpointTargets
 
-__all__ = ["ShardedCheckpointIO", "sharded_model_folder", "sharded_optimizer_folder", "empty_like",
+__all__ = ["ShardedCheckpointIO", "empty_like",
            "check_against_metadata", "load_shards"]
-
-
-sharded_model_folder, sharded_optimizer_folder = ShardedFormat.model_folder, ShardedFormat.optimizer_folder
 
 
 def empty_like(state):
@@ -85,10 +82,10 @@ class ShardedCheckpointIO:
         import torch.distributed.checkpoint as dcp
 
         for index, state in enumerate(collected.weights):
-            dcp.save({"model": state}, checkpoint_id=str(staging / sharded_model_folder(index)),
+            dcp.save({"model": state}, checkpoint_id=str(staging / ShardedFormat.model_folder(index)),
                      process_group=process_group)
         for index, state in enumerate(collected.optimizers):
-            dcp.save({"optimizer": state}, checkpoint_id=str(staging / sharded_optimizer_folder(index)),
+            dcp.save({"optimizer": state}, checkpoint_id=str(staging / ShardedFormat.optimizer_folder(index)),
                      process_group=process_group)
         rest = dataclasses.replace(collected, weights=[], optimizers=[])
         write_full_state(staging, rest, writes_shared_files=writes_shared_files, process_index=process_index,
@@ -97,21 +94,21 @@ class ShardedCheckpointIO:
     # ------------------------------------------------------------ loading
     def read(self, strategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets, *,
              load_kwargs: Optional[dict] = None, device="cpu", strict: bool = True):
-        if not (folder / sharded_model_folder(0)).is_dir() and targets.models:
+        if not (folder / ShardedFormat.model_folder(0)).is_dir() and targets.models:
             return read_full_state(strategy, folder, marker, targets, load_kwargs, device, strict)  # full files
         weights_only = bool((load_kwargs or {}).get("weights_only", True))  # False: a trusted checkpoint
         targets.run_load_hooks(folder, strategy.unwrap)  # every model loads its shards
         rest = dataclasses.replace(targets, models=[], optimizers=[], load_hooks=[])
         loaded = read_full_state(strategy, folder, marker, rest, load_kwargs, device, strict)
         for index, model in enumerate(targets.models):
-            path = self._require(folder, sharded_model_folder(index), f"model {index}")
+            path = self._require(folder, ShardedFormat.model_folder(index), f"model {index}")
             template = empty_like(strategy.sharded_model_state_dict(model))
             check_against_metadata(path, template, "model", strict)
             state = {"model": template}
             load_shards(state, path, allow_partial=not strict, weights_only=weights_only)
             loaded.models.append((model, state["model"]))
         for index, optimizer in enumerate(targets.optimizers):
-            path = self._require(folder, sharded_optimizer_folder(index), f"optimizer {index}")
+            path = self._require(folder, ShardedFormat.optimizer_folder(index), f"optimizer {index}")
             template = empty_like(strategy.sharded_optimizer_state_dict(targets.model_of(optimizer), optimizer))
             check_against_metadata(path, template, "optimizer", True)
             state = {"optimizer": template}
