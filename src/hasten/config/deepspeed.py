@@ -6,6 +6,13 @@ DeepSpeed config dict exactly as Accelerate does, so ``plugin.deepspeed_config``
 ``Accelerator(deepspeed_plugin=...)`` trains with it (``strategies/deepspeed/auto_config.py`` fills the ``"auto"``
 values, ``strategies/deepspeed/strategy.py`` builds the engines); deepspeed is imported here only by ``zero3_init``
 and ``set_moe_leaf_modules``.
+
+``fill_auto`` is the one filler of ``"auto"`` values: it walks to a dotted key, fills an ``"auto"`` there, and
+otherwise compares the set value and returns a ``ConfigMismatch``. Two callers decide what a mismatch means:
+``DeepSpeedPlugin.fill_match`` / ``deepspeed_config_process`` (Accelerate's API) collect them and raise one
+``ValueError`` listing all (``must_match=False`` keeps the config's values without comparing), and
+``strategies/deepspeed/auto_config.py``, when an engine is built, keeps the config's value and names every
+mismatch in one warning.
 """
 from __future__ import annotations
 
@@ -16,13 +23,60 @@ import warnings
 from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 from .env_fields import as_bool, as_choice, as_int, from_env
 
 __all__ = ["HfDeepSpeedConfig", "DeepSpeedPlugin"]
 
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+
+
+def config_node(config: dict, dotted: str) -> tuple[Optional[dict], str]:
+    """``(the dict that holds the last part of the dotted key, that part)``; the dict is None when a part before the
+    last is absent, None, or not a dict (the key cannot be there)."""
+    *parents, key = dotted.split(".")
+    node = config
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            return None, key
+    return (node if isinstance(node, dict) else None), key
+
+
+@dataclass(frozen=True)
+class ConfigMismatch:
+    """A value the DeepSpeed config sets (not ``"auto"``) that differs from the one another source gives."""
+
+    key: str  # the dotted key
+    config_value: Any
+    other_value: Any
+    source: str  # where other_value came from ("kwargs", "Accelerator(gradient_accumulation_steps=...)", ...)
+
+
+def fill_auto(config: dict, dotted: str, values: Mapping, *, source: str = "kwargs",
+              compare: bool = True) -> Optional[ConfigMismatch]:
+    """Fill or check the DeepSpeed ``config`` (in place) at the dotted key from ``values`` (dotted key -> value).
+
+    - The key, or a dict on its way, is absent, or its value is None: nothing is done.
+    - Its value is ``"auto"``: it becomes ``values[dotted]``; a ``ValueError`` naming the key and ``source`` when
+      ``values`` has no such entry.
+    - Another value: kept. With ``compare`` and an entry in ``values`` that differs, the difference is returned;
+      the caller decides whether it is an error or a warning. Otherwise None is returned.
+    """
+    node, key = config_node(config, dotted)
+    current = None if node is None else node.get(key)
+    if current is None:
+        return None
+    if isinstance(current, str) and current == "auto":
+        if dotted not in values:
+            raise ValueError(f"`{dotted}` not found in {source}. Please specify `{dotted}` without `auto` (set to "
+                             f"correct value) in the DeepSpeed config file or pass it in {source}.")
+        node[key] = values[dotted]
+        return None
+    if compare and dotted in values and current != values[dotted]:
+        return ConfigMismatch(dotted, current, values[dotted], source)
+    return None
 
 
 class HfDeepSpeedConfig:
@@ -62,14 +116,7 @@ class HfDeepSpeedConfig:
 
     def find_config_node(self, ds_key_long):
         """``(the dict holding the last part of the dotted key, that part)``; ``(None, part)`` when absent."""
-        config = self.config
-        nodes = ds_key_long.split(".")
-        ds_key = nodes.pop()
-        for node in nodes:
-            config = config.get(node)
-            if config is None:
-                return None, ds_key
-        return config, ds_key
+        return config_node(self.config, ds_key_long)
 
     def get_value(self, ds_key_long, default=None):
         """The value at the dotted key, or ``default`` when it is not set."""
@@ -276,22 +323,14 @@ class DeepSpeedPlugin:
         return config
 
     def fill_match(self, ds_key_long, mismatches=None, must_match=True, **kwargs):
-        """Fill an ``"auto"`` value at the dotted key from ``kwargs``; record a mismatch when both are set."""
+        """Fill an ``"auto"`` value at the dotted key from ``kwargs`` (``fill_auto``; an ``"auto"`` that ``kwargs``
+        does not give raises). With ``must_match``, a set value that differs from ``kwargs``' is appended to
+        ``mismatches`` as a line naming both; without, the config's value is kept unchecked."""
         mismatches = [] if mismatches is None else mismatches
-        config, ds_key = self.hf_ds_config.find_config_node(ds_key_long)
-        if config is None:
-            return
-        if config.get(ds_key) == "auto":
-            if ds_key_long in kwargs:
-                config[ds_key] = kwargs[ds_key_long]
-                return
-            raise ValueError(f"`{ds_key_long}` not found in kwargs. Please specify `{ds_key_long}` without `auto` "
-                             "(set to correct value) in the DeepSpeed config file or pass it in kwargs.")
-        if not must_match:
-            return
-        ds_val = config.get(ds_key)
-        if ds_val is not None and ds_key_long in kwargs and ds_val != kwargs[ds_key_long]:
-            mismatches.append(f"- ds {ds_key_long}={ds_val} vs arg {ds_key_long}={kwargs[ds_key_long]}")
+        mismatch = fill_auto(self.hf_ds_config.config, ds_key_long, kwargs, compare=must_match)
+        if mismatch is not None:
+            mismatches.append(f"- ds {ds_key_long}={mismatch.config_value} vs arg {ds_key_long}="
+                              f"{mismatch.other_value}")
 
     def is_auto(self, ds_key_long):
         """Whether the dotted key is set to ``"auto"``."""
@@ -301,7 +340,9 @@ class DeepSpeedPlugin:
         return self.hf_ds_config.get_value(ds_key_long, default)
 
     def deepspeed_config_process(self, prefix="", mismatches=None, config=None, must_match=True, **kwargs):
-        """Fill every ``"auto"`` value from ``kwargs``; raise listing the values that contradict ``kwargs``."""
+        """Fill every ``"auto"`` value of the config from ``kwargs`` (``fill_match`` on each key). With
+        ``must_match``, the set values that differ from ``kwargs`` are collected over the whole config and one
+        ``ValueError`` lists them all; with ``must_match=False`` the config's values are kept."""
         mismatches = [] if mismatches is None else mismatches
         if config is None:
             config = self.deepspeed_config

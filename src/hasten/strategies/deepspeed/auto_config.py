@@ -23,15 +23,23 @@ engine is built, ``resolved_config`` copies it and fills each ``"auto"`` value f
 =============================================  ==========================================================
 
 ``hidden_size`` is the model's ``config.hidden_size`` (or the largest of ``config.hidden_sizes``); a model
-without one leaves those three keys to DeepSpeed's defaults (they are removed). A value that is set both in the
-config and by the run, and differs, is the config's (as in the reference), named in one warning; batch sizes that
-do not multiply out are refused before the engine is built.
+without one leaves those three keys to DeepSpeed's defaults (they are removed).
+
+Each key goes through ``fill_auto`` (``config/deepspeed.py``), the filler ``DeepSpeedPlugin.fill_match`` uses too.
+Where the public ``deepspeed_config_process`` raises on a mismatch, this path keeps the config's value: the batch
+sizes and accumulation steps the config sets differently from the run are used, and one warning names each key,
+the config's value, the run's value and where the run's came from. The other keys (clipping, precision, bucket
+sizes, the placeholders' values) only fill ``"auto"``: a set value is kept without comparing, since the run's
+side there is a default rather than a choice. Batch sizes that do not multiply out are refused before the engine
+is built (DeepSpeed cannot run them).
 """
 from __future__ import annotations
 
 import copy
 import logging
 from typing import Optional
+
+from ...config.deepspeed import config_node, fill_auto
 
 __all__ = ["resolved_config", "check_plugin_config", "hidden_size_of", "micro_batch_size"]
 
@@ -42,12 +50,8 @@ _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
 def _get(config: dict, dotted: str, default=None):
-    node = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
+    node, key = config_node(config, dotted)
+    return default if node is None else node.get(key, default)
 
 
 def check_plugin_config(config: dict, device_type: str, mixed_precision: str, what: str = "DeepSpeed config",
@@ -141,36 +145,34 @@ def micro_batch_size(loaders, data_parallel_size: int, is_train_batch_min: bool)
 
 
 class _Filler:
-    """Fills ``"auto"`` values of ``config``; a set value that differs from what the run says is kept (the config
-    wins, as in the reference) and recorded, to be reported."""
+    """Fills the ``"auto"`` values of ``config`` through ``fill_auto``; a set value that differs from the run's is
+    kept (the config wins) and recorded in ``conflicts`` (``ConfigMismatch`` records), to be named in one warning."""
 
     def __init__(self, config: dict):
         self.config = config
         self.conflicts: list = []
 
     def fill(self, dotted: str, value, source: str, must_match: bool = True) -> None:
-        parts = dotted.split(".")
-        node = self.config
-        for part in parts[:-1]:
-            node = node.get(part)
-            if not isinstance(node, dict):
-                return
-        key = parts[-1]
-        if key not in node:
-            return
-        if node[key] == "auto":
-            if value is None:
-                raise ValueError(f"The DeepSpeed config's {dotted} is 'auto' and {source} does not tell its value: set "
-                                 f"{dotted} to a number in the config.")
-            node[key] = value
-        elif must_match and value is not None and node[key] != value:
-            self.conflicts.append(f"{dotted}={node[key]!r} in the DeepSpeed config (used) vs {value!r} from {source}")
+        """``value`` None: the run does not know it (an ``"auto"`` there raises). ``must_match=False``: the value
+        only fills ``"auto"``, a set value is kept without comparing."""
+        mismatch = fill_auto(self.config, dotted, {} if value is None else {dotted: value}, source=source,
+                             compare=must_match)
+        if mismatch is not None:
+            self.conflicts.append(mismatch)
 
     def drop_auto(self, dotted: str) -> None:
-        parent, _, key = dotted.rpartition(".")
-        node = _get(self.config, parent) if parent else self.config
-        if isinstance(node, dict) and node.get(key) == "auto":
+        node, key = config_node(self.config, dotted)
+        if node is not None and node.get(key) == "auto":
             del node[key]
+
+    def warn_conflicts(self) -> None:
+        """One warning naming every recorded conflict: the key, the config's value (used), the run's and its
+        source."""
+        if self.conflicts:
+            lines = [f"{c.key}={c.config_value!r} in the DeepSpeed config (used) vs {c.other_value!r} from {c.source}"
+                     for c in self.conflicts]
+            logger.warning("The DeepSpeed config sets values that differ from the run; the config's are used:\n- "
+                           + "\n- ".join(lines) + "\nSet them to 'auto' in the config to take the run's.")
 
 
 def write_back_filled_values(plugin_config: dict, resolved: dict) -> None:
@@ -254,9 +256,7 @@ def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loade
             filler.fill(f"scheduler.params.{key}", value, f"DummyScheduler({key}=...)", must_match=False)
     _check_batch_sizes(config, data_parallel_size)
     check_engine_precision(config, device_type, mixed_precision)
-    if filler.conflicts:
-        logger.warning("The DeepSpeed config sets values that differ from the run; the config's are used:\n- "
-                       + "\n- ".join(filler.conflicts) + "\nSet them to 'auto' in the config to take the run's.")
+    filler.warn_conflicts()
     return config
 
 
