@@ -33,7 +33,7 @@ from .logging import get_logger
 from .optimizer import AcceleratedOptimizer
 from .parallel import ParallelDims, resolve_parallelism_config
 from .scheduler import AcceleratedScheduler
-from .state import AcceleratorState, GradientState
+from .state import AcceleratorState, GradientState, PartialState
 from .strategies import select_strategy
 from .strategies.deepspeed.wrappers import (  # noqa: F401 - Accelerate's names in this module, as with deepspeed installed
     DeepSpeedEngineWrapper,
@@ -69,8 +69,6 @@ _LR_SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_sche
 def _expected_world_size() -> int:
     """The number of processes of this run, before the process group is set up (``WORLD_SIZE`` from the
     launcher), or the existing state's."""
-    from .state import PartialState
-
     if PartialState._shared_state:
         return PartialState().num_processes
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -126,23 +124,21 @@ class Accelerator:
         parallelism_config = resolve_parallelism_config(parallelism_config)  # argument, else the launcher's
         if parallelism_config is not None:  # sizes that cannot fit fail before any process group exists
             ParallelDims.from_config(parallelism_config, _expected_world_size())
-        if (deepspeed_plugin or deepspeed_plugins) and AcceleratorState._shared_state.get("deepspeed_plugins"):
+        joined = AcceleratorState.joined_run()  # what a second Accelerator in this process keeps of the first's run
+        if (deepspeed_plugin or deepspeed_plugins) and joined["deepspeed_plugins"]:
             raise NotImplementedError(  # the run's engines were built from the first Accelerator's plugins
                 "You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`. Please make sure the "
                 "first `Accelerator` is initialized with all the plugins you want to use (deepspeed_plugins={name: "
                 "plugin, ...}), then switch with accelerator.state.select_deepspeed_plugin(name).")
-        if mixed_precision is None and AcceleratorState._shared_state:
+        if mixed_precision is None and joined["mixed_precision"] is not None:
             # a second Accelerator that does not ask for a precision keeps the run's (as in the reference)
-            settings.mixed_precision = AcceleratorState().mixed_precision
+            settings.mixed_precision = joined["mixed_precision"]
         selected = None  # the DeepSpeed plugin the run has selected, kept by a second Accelerator
         if not any((deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin, torch_tp_plugin)):
             # a second Accelerator given no plugin joins the run's backend, as the reference reads the state's
-            running = AcceleratorState.running_plugins()
-            deepspeed_plugins = running["deepspeed_plugins"]
-            fsdp_plugin, megatron_lm_plugin = running["fsdp_plugin"], running["megatron_lm_plugin"]
-            torch_tp_plugin = running["torch_tp_plugin"]
-            if isinstance(deepspeed_plugins, dict):
-                selected = next((name for name, plugin in deepspeed_plugins.items() if plugin.selected), None)
+            deepspeed_plugins, torch_tp_plugin = joined["deepspeed_plugins"], joined["torch_tp_plugin"]
+            fsdp_plugin, megatron_lm_plugin = joined["fsdp_plugin"], joined["megatron_lm_plugin"]
+            selected = joined["selected_deepspeed_plugin"]
         if not any((deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin, torch_tp_plugin)) \
                 and "use_deepspeed" in settings.launcher_switches:
             # DeepSpeed from the launcher (a flag or a config file): the plugin is built here, from its environment,
@@ -163,7 +159,7 @@ class Accelerator:
             warnings.warn("ParallelismConfig: " + "; ".join(
                 f"{name}_handler is set but {name}_size is 1, so it is ignored" for name in ignored), stacklevel=2)
         self.strategy = select_strategy(
-            self.state, settings, dims, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins,
+            PartialState(), settings, dims, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins,
             fsdp_plugin=fsdp_plugin, megatron_lm_plugin=megatron_lm_plugin, torch_tp_plugin=torch_tp_plugin,
         )
         self.strategy.setup()
@@ -455,6 +451,7 @@ class Accelerator:
         ``device_placement`` (a list of bools, one per object) overrides the Accelerator's setting for models and
         optimizers.
         """
+        _ = self.state.device  # after AcceleratorState._reset_state() this raises the reference's error, up front
         if device_placement is None:
             device_placement = [None] * len(args)
         elif len(device_placement) != len(args):

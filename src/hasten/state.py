@@ -493,8 +493,8 @@ class AcceleratorState:
                 )
             return
         self._partial = PartialState(cpu, _for_deepspeed=deepspeed_plugin is not None, **kwargs)
-        self._mixed_precision = (PrecisionType.parse(mixed_precision, "mixed_precision").value if _from_accelerator
-                                 else resolve_mixed_precision(mixed_precision))
+        # the Accelerator gives the value its settings resolved; created on its own, the state resolves one
+        self._mixed_precision = mixed_precision if _from_accelerator else resolve_mixed_precision(mixed_precision)
         self.dynamo_plugin = dynamo_plugin
         self.deepspeed_plugins = deepspeed_plugin
         self.fsdp_plugin = fsdp_plugin
@@ -525,16 +525,29 @@ class AcceleratorState:
         self.__dict__["_run"] = strategy
 
     @classmethod
-    def running_plugins(cls) -> dict:
-        """The plugins of the run this process holds (all None without one): what a second Accelerator given no
-        plugin joins, as the reference's reads its state's."""
-        shared = cls._shared_state
+    def current(cls) -> Optional["AcceleratorState"]:
+        """The process's state when an Accelerator (or a script) created one, else None; creates nothing.
+
+        For the free functions Accelerate defines as following the state, with no argument to be given it
+        (``get_mixed_precision_context_manager``, ``GatheredParameters``, ``deepspeed_required``); hasten's own
+        rooms are given what they need instead."""
+        partial = cls._shared_state.get("_partial")
+        return cls() if partial is not None and partial.__dict__ else None
+
+    @classmethod
+    def joined_run(cls) -> dict:
+        """What a second Accelerator created in this process joins, as the reference's reads its state: the
+        precision (None without a state), the plugins (None each without one) and the name of the selected
+        DeepSpeed plugin (None unless several are named)."""
+        partial = cls._shared_state.get("_partial")
+        shared = cls._shared_state if partial is not None and partial.__dict__ else {}  # none, or reset: a new run
         run = shared.get("_run")
         views = run.state_views() if run is not None else {}
         plugins = {name: views.get(name, shared.get(f"_given_{name}"))
                    for name in ("fsdp_plugin", "megatron_lm_plugin")}
-        return {"deepspeed_plugins": shared.get("deepspeed_plugins"), "torch_tp_plugin": shared.get("torch_tp_plugin"),
-                **plugins}
+        return {"mixed_precision": views.get("mixed_precision", shared.get("_mixed_precision")),
+                "deepspeed_plugins": shared.get("deepspeed_plugins"), "torch_tp_plugin": shared.get("torch_tp_plugin"),
+                "selected_deepspeed_plugin": run.selected_deepspeed_plugin() if run is not None else None, **plugins}
 
     def _stored(self, key: str):
         """``key`` of the shared state; AttributeError when a reset emptied it (``__getattr__`` then says so)."""
@@ -582,8 +595,10 @@ class AcceleratorState:
     # ------------------------------------------------------------------ settings
     @property
     def mixed_precision(self) -> str:
-        """``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``."""
-        return self._mixed_precision
+        """``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``: the registered run's precision, else the one this state was
+        created with."""
+        shown = self._shown("mixed_precision")
+        return shown if shown is not None else self._stored("_mixed_precision")
 
     @property
     def device_mesh(self):
@@ -625,10 +640,14 @@ class AcceleratorState:
         if not isinstance(plugins, dict):
             raise ValueError("select_deepspeed_plugin needs several named plugins: Accelerator(deepspeed_plugins="
                              "{'student': DeepSpeedPlugin(...), 'teacher': DeepSpeedPlugin(...)}).")
-        chosen = self.get_deepspeed_plugin(name)
-        for plugin in plugins.values():
+        self.get_deepspeed_plugin(name)  # an unknown name lists the known ones
+        run = self.__dict__.get("_run")
+        if run is not None:
+            run.select_deepspeed_plugin(name)  # the strategy builds the next engine with it, and flags it
+            return
+        for plugin in plugins.values():  # plugins of a state no Accelerator runs: only their flags say which
             plugin._unselect()
-        chosen.select(_from_accelerator_state=True)
+        plugins[name].select(_from_accelerator_state=True)
 
     # ------------------------------------------------------------------ the process (PartialState's answers)
     @property

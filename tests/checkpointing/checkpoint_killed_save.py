@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten.checkpointing import checkpoint_io
+from hasten.checkpointing import full_files
 
 
 def half_write_then_wait(obj, path, **_):
@@ -37,7 +37,7 @@ def main():
     accelerator.save_state()  # checkpoint_0, complete
     with torch.no_grad():
         model.weight.fill_(2.0)
-    checkpoint_io.write_pickle = half_write_then_wait
+    full_files.write_pickle = half_write_then_wait
     accelerator.save_state()  # checkpoint_1: killed while its optimizer file is half written
 
 

@@ -8,30 +8,48 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from hasten.checkpointing import layout
+from hasten.checkpointing.formats import is_checkpoint_file
+from hasten.checkpointing.full_files import FullStateFormat
+from hasten.checkpointing.sharded_files import ShardedFormat
 from hasten.checkpointing.model_files import drop_aliases, fill_aliases, match_keys
 from hasten.checkpointing.rng import capture_rng_states, restore_rng_states
 from hasten.checkpointing.writers import SAFETENSORS_DTYPES, write_safetensors
 
 
 def test_file_names_are_the_reference_library_s():
-    assert [layout.model_file(i) for i in range(3)] == ["model.safetensors", "model_1.safetensors",
-                                                        "model_2.safetensors"]
-    assert [layout.model_file(i, safe_serialization=False) for i in range(2)] == ["pytorch_model.bin",
-                                                                                  "pytorch_model_1.bin"]
-    assert [layout.optimizer_file(i) for i in range(2)] == ["optimizer.bin", "optimizer_1.bin"]
-    assert [layout.scheduler_file(i) for i in range(2)] == ["scheduler.bin", "scheduler_1.bin"]
-    assert layout.SCALER_NAME == "scaler.pt"
+    full = FullStateFormat
+    assert [full.model_file(i) for i in range(3)] == ["model.safetensors", "model_1.safetensors",
+                                                      "model_2.safetensors"]
+    assert [full.model_file(i, safe_serialization=False) for i in range(2)] == ["pytorch_model.bin",
+                                                                                "pytorch_model_1.bin"]
+    assert [full.optimizer_file(i) for i in range(2)] == ["optimizer.bin", "optimizer_1.bin"]
+    assert [full.scheduler_file(i) for i in range(2)] == ["scheduler.bin", "scheduler_1.bin"]
+    assert full.SCALER_NAME == "scaler.pt"
     assert layout.rng_file(3) == "random_states_3.pkl"
-    assert layout.custom_object_file(2) == "custom_checkpoint_2.pkl"
-    assert layout.is_checkpoint_file("dl_state_dict_1.bin") and layout.is_checkpoint_file("sampler.bin")
-    assert not layout.is_checkpoint_file("notes.txt") and not layout.is_checkpoint_file("model.json")
+    assert full.custom_object_file(2) == "custom_checkpoint_2.pkl"
+    assert is_checkpoint_file("dl_state_dict_1.bin") and is_checkpoint_file("sampler.bin")
+    assert not is_checkpoint_file("notes.txt") and not is_checkpoint_file("model.json")
+
+
+def test_the_folder_scan_knows_every_format_s_names_and_nothing_else():
+    # every format's names, as each format spells them, and the folder's own
+    for name in (FullStateFormat.model_file(2, False), FullStateFormat.custom_object_file(0),
+                 ShardedFormat.model_folder(1), ShardedFormat.optimizer_folder(0), ShardedFormat.gathered_model_file(1),
+                 "pytorch_model", "pytorch_model_1", "latest", layout.rng_file(0), layout.loader_states_file(3),
+                 layout.MARKER_NAME, layout.process_record_file(2)):
+        assert is_checkpoint_file(name), name
+    for name in ("pytorch_model_fsdp", "optimizer", "notes.md", "random_states.pkl", "checkpoint_1", "model_x.bin"):
+        assert not is_checkpoint_file(name), name
 
 
 def test_reference_constants_agree():
     constants = pytest.importorskip("accelerate.utils.constants")
-    assert layout.SAFE_MODEL_NAME == constants.SAFE_MODEL_NAME and layout.MODEL_NAME == constants.MODEL_NAME
-    assert layout.OPTIMIZER_NAME == constants.OPTIMIZER_NAME and layout.SCHEDULER_NAME == constants.SCHEDULER_NAME
-    assert layout.SCALER_NAME == constants.SCALER_NAME and layout.RNG_STATE_NAME == constants.RNG_STATE_NAME
+    full = FullStateFormat
+    assert full.model_file(0) == constants.SAFE_WEIGHTS_NAME and full.model_file(0, False) == constants.WEIGHTS_NAME
+    assert full.optimizer_file(0) == f"{constants.OPTIMIZER_NAME}.bin"
+    assert full.scheduler_file(0) == f"{constants.SCHEDULER_NAME}.bin"
+    assert full.SCALER_NAME == constants.SCALER_NAME and layout.RNG_STATE_NAME == constants.RNG_STATE_NAME
+    assert ShardedFormat.model_folder(0) == f"{constants.FSDP_MODEL_NAME}_0"
 
 
 def sample(dtype, shape=(3, 5)):

@@ -92,9 +92,9 @@ def model_parallel_layout() -> None:
 class OneFilePerRank(FullStateCheckpointIO):
     """Stand-in for a sharded backend's IO: each rank also writes and reads a file of its own."""
 
-    def write(self, strategy, staging, collected, *, writes_shared_files, process_index, safe_serialization=True,
+    def write(self, staging, collected, *, writes_shared_files, process_index, safe_serialization=True,
               process_group=None):
-        super().write(strategy, staging, collected, writes_shared_files=writes_shared_files,
+        super().write(staging, collected, writes_shared_files=writes_shared_files,
                       process_index=process_index, safe_serialization=safe_serialization)
         (staging / "shards").mkdir(exist_ok=True)
         torch.save({"rank": process_index}, staging / "shards" / f"rank_{process_index}.pt")

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import conformance_language_model as language_model  # beside this script
 from hasten import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, ParallelismConfig
 from hasten.utils import DeepSpeedSequenceParallelConfig, TorchTensorParallelConfig
-from hasten.strategies.deepspeed.checkpoint_reader import deepspeed_parameter_names, read_deepspeed_checkpoint
+from hasten.checkpointing.deepspeed_files import deepspeed_parameter_names, read_deepspeed_checkpoint
 from hasten.checkpointing.optimizer_names import by_name, by_position
 from hasten.checkpointing.sharded_files import model_weights_from_shards, optimizer_state_from_shards
 from hasten.utils import set_seed

@@ -177,9 +177,9 @@ class PerRankShardsIO(FullStateCheckpointIO):
     def __init__(self):
         self.read_extra = None
 
-    def write(self, strategy, staging, collected, *, writes_shared_files, process_index, safe_serialization=True,
+    def write(self, staging, collected, *, writes_shared_files, process_index, safe_serialization=True,
               process_group=None):
-        super().write(strategy, staging, collected, writes_shared_files=writes_shared_files,
+        super().write(staging, collected, writes_shared_files=writes_shared_files,
                       process_index=process_index, safe_serialization=safe_serialization)
         (staging / "shards").mkdir(exist_ok=True)
         torch.save({"rank": process_index}, staging / "shards" / f"rank_{process_index}.pt")

@@ -107,12 +107,13 @@ def test_importing_the_light_modules_does_not_import_torch():
 
 # ----------------------------------------------------------------------------- constants and versions
 def test_constants_and_their_uses():
-    from hasten.checkpointing import layout
+    from hasten.checkpointing.full_files import FullStateFormat
     from hasten.core import constants, versions
 
     assert (utils.SAFE_WEIGHTS_NAME, utils.WEIGHTS_NAME, utils.WEIGHTS_INDEX_NAME) == (
         "model.safetensors", "pytorch_model.bin", "pytorch_model.bin.index.json")
-    assert layout.MODEL_NAME is constants.MODEL_NAME and layout.model_file(1) == "model_1.safetensors"
+    assert FullStateFormat.model_file(1, False) == f"{constants.MODEL_NAME}_1.bin"
+    assert FullStateFormat.model_file(1) == "model_1.safetensors"
     assert constants.STR_OPERATION_TO_FUNC is versions.OPERATIONS
     assert nn.Linear in constants.SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
     assert "MULTI_CPU" in utils.TORCH_DISTRIBUTED_OPERATION_TYPES and "nproc_per_node" in utils.TORCH_LAUNCH_PARAMS

@@ -4,10 +4,13 @@ A strategy writes its state inside the staging folder through its checkpoint IO;
 one file per step:
 
 - ``targets``: what a checkpoint saves and restores (``CheckpointTargets``, handed over by the Accelerator);
-- ``layout``: the checkpoint folder's file names (the reference library's, so each library reads the other's);
-- ``checkpoint_io``: the default IO, full state dicts: the snapshot taken before anything is written, and the
-  files it becomes; ``full_state_reader``: reading them back, checked, then applied all or nothing (engine
-  checkpoints of other backends through the strategy's ``engine_checkpoint_formats``);
+- the formats, one class each owning its names, how its files are found, read whole and recognised:
+  ``full_files`` (``FullStateFormat``, the reference library's one file per object, so each library reads the
+  other's), ``sharded_files`` (``ShardedFormat``, DCP folders), ``deepspeed_files`` (an engine's folder);
+  ``formats`` lists them; ``layout``: the folder's own names (random states, loader positions, the marker);
+- ``checkpoint_io``: the default IO, a strategy's state as full files: the snapshot taken before anything is
+  written, and the files it becomes; ``full_state_reader``: any format read back whole, checked, then applied all
+  or nothing;
 - ``atomic`` / ``transaction``: staging folder, flush, completion marker, rename, one writer per folder; who
   writes what when several processes save; ``checksums``: each file's CRC in the marker, checked on load;
 - ``saving`` / ``loading``: the two directions, given (strategy, targets, project configuration);
@@ -15,8 +18,8 @@ one file per step:
 - ``async_save``: ``save_state(async_save=True)``, the files written in a background thread;
 - ``rotation``: ``{project_dir}/checkpoints/checkpoint_{n}``, ``total_limit``, the newest complete one;
 - file formats: ``writers`` (pickles and safetensors, durable), ``serialization`` (``save`` / ``load`` once per
-  run), ``safe_load`` (``weights_only`` loading with an allow-list), ``safe_dcp`` / ``sharded_files`` (DCP folders
-  read without running code), ``model_files`` / ``save_model`` (weights in and out: wrapper prefixes, tied weights,
+  run), ``safe_load`` (``weights_only`` loading with an allow-list), ``safe_dcp`` (DCP folders read without
+  running code), ``model_files`` / ``save_model`` (weights in and out: wrapper prefixes, tied weights,
   sharded safetensors with an index), ``optimizer_names`` (optimizer states by name and by position), ``rng``
   (every process's random generators);
 - ``auto_resume``: the one-liner that continues a restarted job;

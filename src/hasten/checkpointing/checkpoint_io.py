@@ -1,22 +1,22 @@
-"""Checkpoint IO: how a strategy's state becomes files inside the staging folder, and back.
+"""Checkpoint IO: how a strategy's state becomes a format's files inside the staging folder, and back.
 
 ``saving.py`` / ``loading.py`` own the transaction (staging folder, hooks, completion marker, rotation,
 agreement between processes, fallback past a damaged checkpoint) for every strategy; the IO object a strategy
-holds owns only the files' contents. Four steps, so the transaction can put its own work between them:
+holds only turns its state into a format's files (the formats own the names: ``formats.py``). Four steps, so the
+transaction can put its own work between them:
 
 - ``collect(strategy, targets)``: every state, in memory (collective for sharded backends); async saves copy it;
-- ``write(strategy, staging, collected, ...)``: the files this process writes (a sharded IO writes one set per
-  rank into the same folder);
+- ``write(staging, collected, ...)``: the files this process writes, given what and where (no strategy: the
+  collected snapshot holds everything, an engine included); a sharded IO writes one set per rank into the folder;
 - ``read(strategy, folder, marker, targets, ...)``: every file this process needs, read and checked, nothing applied;
 - ``apply(strategy, loaded, targets, strict)``: apply it all, or put back what was applied and raise.
 
-The default IO, ``FullStateCheckpointIO``, is whole here but for reading (``full_state_reader.py``): the
-``Snapshot`` of everything a full-state checkpoint holds, taken before anything is written (a failing
-``state_dict`` happens before the disk is touched, and the random states are those of the moment ``save_state`` was
-called), and the writer of its files in the reference library's layout. The process that writes the shared files
-(``SaveTransaction.writes_shared_files``: the main process, or each machine's without a shared file system)
-writes models, optimizers, schedulers, scaler and registered objects; every process its own random states and
-loader positions.
+The default IO, ``FullStateCheckpointIO``, writes ``FullStateFormat``'s files (``full_files.py``) and reads any
+folder whole (``full_state_reader.py``). Its ``Snapshot`` of everything a checkpoint holds is taken before anything
+is written (a failing ``state_dict`` happens before the disk is touched, and the random states are those of the
+moment ``save_state`` was called). The process that writes the shared files (``SaveTransaction.writes_shared_files``:
+the main process, or each machine's without a shared file system) writes models, optimizers, schedulers, scaler and
+registered objects; every process its own random states and loader positions.
 """
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ from typing import Any, Optional
 
 from . import layout
 from .full_state_reader import apply_full_state, read_full_state
-from .model_files import drop_aliases, state_dict_for_checkpoint
+from .full_files import write_shared_files
+from .model_files import state_dict_for_checkpoint
 from .rng import capture_rng_states
 from .targets import CheckpointTargets, loader_state
-from .writers import write_pickle, write_tensors
+from .writers import write_pickle
 
 __all__ = ["FullStateCheckpointIO", "Snapshot", "take_snapshot", "write_full_state", "write_shared_files",
            "write_process_files"]
@@ -43,8 +44,8 @@ class FullStateCheckpointIO:
     def collect(self, strategy, targets: CheckpointTargets, options: Optional[dict] = None):
         return take_snapshot(strategy, targets)
 
-    def write(self, strategy, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
-              safe_serialization: bool = True, process_group=None) -> None:
+    def write(self, staging: Path, collected: Snapshot, *, writes_shared_files: bool, process_index: int,
+              safe_serialization: bool = True, process_group: Any = None) -> None:
         """``process_group``: the group a writer's collectives use (a background save's own); unused here."""
         write_full_state(staging, collected, writes_shared_files=writes_shared_files, process_index=process_index,
                          safe_serialization=safe_serialization)
@@ -97,25 +98,6 @@ def write_full_state(staging: Path, snapshot: Snapshot, *, writes_shared_files: 
     if writes_shared_files:
         write_shared_files(staging, snapshot, safe_serialization)
     write_process_files(staging, snapshot, process_index)
-
-
-def write_shared_files(folder: Path, snapshot: Snapshot, safe_serialization: bool) -> None:
-    for index, weights in enumerate(snapshot.weights):
-        if weights is None:
-            continue
-        path = folder / layout.model_file(index, safe_serialization)
-        if safe_serialization:
-            write_tensors(drop_aliases(weights)[0], path, metadata={"format": "pt"}, checksum=True)
-        else:
-            write_pickle(weights, path, checksum=True)
-    for index, state in enumerate(snapshot.optimizers):
-        write_pickle(state, folder / layout.optimizer_file(index), checksum=True)
-    for index, state in enumerate(snapshot.schedulers):
-        write_pickle(state, folder / layout.scheduler_file(index), checksum=True)
-    if snapshot.scaler is not None:
-        write_pickle(snapshot.scaler, folder / layout.SCALER_NAME, checksum=True)
-    for index, state in enumerate(snapshot.custom):
-        write_pickle(state, folder / layout.custom_object_file(index), checksum=True)
 
 
 def write_process_files(folder: Path, snapshot: Snapshot, process_index: int) -> None:

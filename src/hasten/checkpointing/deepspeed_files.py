@@ -36,13 +36,13 @@ import contextlib
 import io
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
-from ...checkpointing.errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
-from ...checkpointing.optimizer_names import by_name
-from ...checkpointing.safe_load import UNSAFE_OPT_IN
+from .errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
+from .optimizer_names import by_name, by_position
+from .safe_load import UNSAFE_OPT_IN
 
 __all__ = ["DeepSpeedCheckpointFormat", "check_trusted", "is_deepspeed_checkpoint", "read_deepspeed_layout",
            "read_deepspeed_checkpoint", "deepspeed_parameter_names"]
@@ -423,9 +423,12 @@ def check_trusted(folder: Path, marker: Optional[dict], load_kwargs: Optional[di
 
 
 class DeepSpeedCheckpointFormat:
-    """A DeepSpeed engine's checkpoint folder (``pytorch_model[_i]/``), which every strategy reads whole: the
-    full-state reader's ``EngineCheckpointFormat`` for DeepSpeed (``Strategy.engine_checkpoint_formats``). The one
-    place the folder's name is spelled (the engine writes into it: ``checkpoint_io.engine_tag``)."""
+    """A DeepSpeed engine's checkpoint folder (``pytorch_model[_i]/``, beside it DeepSpeed's ``latest`` and
+    ``zero_to_fp32.py``), which the engine writes (``strategies/deepspeed/checkpoint_io.py``) and every strategy reads whole here,
+    with no engine. The one place the folder's name is spelled."""
+
+    #: the names this format adds to a checkpoint folder
+    NAME_PATTERN = r"pytorch_model(_\d+)?|latest|zero_to_fp32\.py"
 
     @staticmethod
     def folder_name(index: int) -> str:
@@ -436,14 +439,30 @@ class DeepSpeedCheckpointFormat:
         return Path(checkpoint) / self.folder_name(index)
 
     def recognises(self, path: Path) -> bool:
-        return is_deepspeed_checkpoint(path)
+        return Path(path).is_dir() and is_deepspeed_checkpoint(path)
+
+    # ------------------------------------------------------------ found in a folder, read whole
+    def model_location(self, folder: Path, index: int) -> Optional[Path]:
+        """Engine ``index``'s checkpoint folder inside ``folder``, or None."""
+        path = self.folder(folder, index)
+        return path if self.recognises(path) else None
+
+    def optimizer_location(self, folder: Path, index: int) -> Optional[Path]:
+        """The engine checkpoint holding optimizer ``index`` (the engine's own), or None."""
+        return self.model_location(folder, index)
 
     def check_trusted(self, checkpoint: Path, marker: Optional[dict], load_kwargs: Optional[dict]) -> None:
         check_trusted(checkpoint, marker, load_kwargs)
 
-    def read_weights(self, path: Path) -> dict:
+    def read_weights(self, path: Path, what: str, *, device: Any = "cpu",
+                     load_kwargs: Optional[dict] = None) -> dict:
+        """The model's full fp32 state dict, rebuilt from the engine's partitions (on the CPU)."""
         return read_deepspeed_checkpoint(path, with_optimizer=False)[0]
 
-    def read_optimizer(self, path: Path) -> tuple:
+    def read_optimizer(self, path: Path, what: str, names: Callable[[], list], *, device: Any = "cpu",
+                       load_kwargs: Optional[dict] = None) -> dict:
+        """The optimizer's full state rebuilt from the engine's partitions, by position for the parameters
+        ``names()`` lists (the prepared optimizer's, per group)."""
         _, state = read_deepspeed_checkpoint(path, with_optimizer=True)
-        return by_name(state, deepspeed_parameter_names(path)), state["param_groups"]
+        named = by_name(state, deepspeed_parameter_names(path))
+        return by_position(named, names(), state["param_groups"])

@@ -1,13 +1,15 @@
-"""The default checkpoint reader: full state dicts, read, checked against the live objects, then applied.
+"""The neutral checkpoint reader: every file a process needs, read whole, checked against the live objects, then
+applied.
 
 ``read_full_state`` reads EVERY file this process needs into memory and checks it against the prepared objects
 (model keys and shapes, optimizer parameter groups, the random states' fields) without changing anything;
 ``apply_full_state`` then applies it all, models last, and puts back what it already applied if a step fails.
 Between the two, ``loading.py`` makes every process agree that reading succeeded everywhere.
 
-Besides full files and DCP shards, a model's weights and optimizer state may be an engine's own checkpoint folder
-(DeepSpeed's): the strategy lists the formats it can read whole as ``strategy.engine_checkpoint_formats``
-(``EngineCheckpointFormat``), so this reader names no backend.
+Each model's weights and optimizer's state are found and read through the formats (``formats.py``: full files,
+DCP folders, an engine's own folder), so a checkpoint any strategy wrote loads under any other; this reader names
+none of them. Schedulers, the scaler and registered objects are always full files (``FullStateFormat``), random
+states and loader positions the folder's own files (``layout.py``).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Protocol, Sequence
+from typing import Optional
 
 import torch
 
@@ -24,69 +26,37 @@ from ..state import PartialState
 from . import layout
 from .contributions import recorded_files
 from .errors import CheckpointError, CorruptCheckpointError, IncompleteCheckpointError
+from .formats import locate
+from .full_files import FullStateFormat
 from .model_files import prepare_loaded_state
-from .optimizer_names import by_position
 from .rng import capture_rng_states, restore_rng_states
-from .safe_load import load_pickle_file, load_safetensors_file
-from .sharded_files import ShardedFormat, is_sharded_folder, model_weights_from_shards, optimizer_state_from_shards
+from .safe_load import load_pickle_file
 from .targets import CheckpointTargets, loader_state
 
-__all__ = ["LoadedState", "read_full_state", "apply_full_state", "model_path", "EngineCheckpointFormat"]
+__all__ = ["LoadedState", "read_full_state", "apply_full_state", "model_location"]
 
 logger = logging.getLogger(__name__)
 
 
-class EngineCheckpointFormat(Protocol):
-    """An engine's own checkpoint of one model and its optimizer, which the full-state reader can read whole."""
-
-    def folder(self, checkpoint: Path, index: int) -> Path:
-        """Where model ``index``'s engine checkpoint is inside ``checkpoint``."""
-
-    def recognises(self, path: Path) -> bool:
-        """Whether ``path`` is such a checkpoint."""
-
-    def check_trusted(self, checkpoint: Path, marker: Optional[dict], load_kwargs: Optional[dict]) -> None:
-        """Raise before anything is read when the files may not be unpickled."""
-
-    def read_weights(self, path: Path) -> dict:
-        """The model's full state dict."""
-
-    def read_optimizer(self, path: Path) -> tuple:
-        """``(state keyed by parameter name, param_groups)`` of the optimizer."""
+def _model_location(folder: Path, index: int) -> tuple:
+    """``(format, path)`` of model ``index``'s weights in ``folder``; an error when no format holds them."""
+    found = locate(folder, index, "model")
+    if found is None:
+        raise IncompleteCheckpointError(
+            f"Checkpoint {folder} has no weights for model {index}: neither {FullStateFormat.model_file(index)} nor "
+            f"{FullStateFormat.model_file(index, False)} exists. Load a checkpoint saved with the same prepared models."
+        )
+    return found
 
 
-def _engine_format(path: Path, formats: Sequence[EngineCheckpointFormat]):
-    return next((fmt for fmt in formats if path.is_dir() and fmt.recognises(path)), None)
+def model_location(folder: Path, index: int) -> tuple:
+    """``(format, path)``: where model ``index``'s weights are in ``folder``, and the format that reads them."""
+    return _model_location(Path(folder), index)
 
 
-def model_path(folder: Path, index: int, formats: Sequence[EngineCheckpointFormat] = ()) -> Path:
-    safe = folder / layout.model_file(index, True)
-    if safe.is_file():
-        return safe
-    pickled = folder / layout.model_file(index, False)
-    if pickled.is_file():
-        return pickled
-    sharded = folder / ShardedFormat.model_folder(index)
-    if ShardedFormat.recognises(sharded):  # written per rank by a sharded strategy: read whole here
-        return sharded
-    gathered = folder / ShardedFormat.gathered_model_file(index)
-    if gathered.is_file():  # the reference library's FSDP full state dict
-        return gathered
-    for fmt in formats:  # an engine's own checkpoint: rebuilt whole here
-        engine = fmt.folder(folder, index)
-        if _engine_format(engine, (fmt,)) is not None:
-            return engine
-    raise IncompleteCheckpointError(
-        f"Checkpoint {folder} has no weights for model {index}: neither {safe.name} nor {pickled.name} exists. "
-        "Load a checkpoint saved with the same prepared models."
-    )
-
-
-def _require(folder: Path, name: str, what: str, sharded: Optional[str] = None) -> Path:
-    """``folder / name``, or the DCP folder ``sharded`` a sharded strategy wrote instead; else an error."""
+def _require(folder: Path, name: str, what: str) -> Path:
+    """``folder / name``, else an error naming what is missing."""
     path = folder / name
-    if sharded is not None and not path.is_file() and is_sharded_folder(folder / sharded):
-        return folder / sharded
     if not path.is_file():
         raise IncompleteCheckpointError(
             f"Checkpoint {folder} is incomplete: {name} ({what}) is missing. Load a checkpoint saved with the same "
@@ -95,22 +65,11 @@ def _require(folder: Path, name: str, what: str, sharded: Optional[str] = None) 
     return path
 
 
-def _optimizer_path(folder: Path, index: int, formats: Sequence[EngineCheckpointFormat]) -> Path:
-    if not (folder / layout.optimizer_file(index)).is_file():
-        for fmt in formats:
-            engine = fmt.folder(folder, index)
-            if _engine_format(engine, (fmt,)) is not None:
-                return engine
-    return _require(folder, layout.optimizer_file(index), f"optimizer {index}", ShardedFormat.optimizer_folder(index))
-
-
-def _engine_optimizer_state(strategy, fmt: EngineCheckpointFormat, path: Path, owner, optimizer) -> dict:
-    """An engine checkpoint's optimizer state, rebuilt whole and laid out by this run's parameter positions."""
-    if owner is None:
-        raise CheckpointError(f"{path} keys the optimizer's state by parameter name, and the prepared "
-                              f"{type(optimizer).__name__} trains no prepared model: prepare its model too.")
-    named, param_groups = fmt.read_optimizer(path)
-    return by_position(named, strategy.optimizer_parameter_names(owner, optimizer), param_groups)
+def _optimizer_location(folder: Path, index: int) -> tuple:
+    found = locate(folder, index, "optimizer")
+    if found is None:
+        _require(folder, FullStateFormat.optimizer_file(index), f"optimizer {index}")  # raises: names the file
+    return found
 
 
 def _count(folder: Path, name_of) -> int:
@@ -120,35 +79,37 @@ def _count(folder: Path, name_of) -> int:
     return count
 
 
-def _keyed_by_name(state) -> bool:
-    return isinstance(state, dict) and isinstance(state.get("state"), dict) and bool(state["state"]) and all(
-        isinstance(key, str) for key in state["state"])
-
-
-def _weights_only(load_kwargs: Optional[dict]) -> bool:
-    return bool((load_kwargs or {}).get("weights_only", True))
+def _parameter_names(strategy, path: Path, owner, optimizer):
+    """``names()`` for a format reading an optimizer state keyed by parameter name: the prepared optimizer's
+    parameter names per group; a clear error when it trains no prepared model."""
+    def names() -> list:
+        if owner is None:
+            raise CheckpointError(f"{path.name} in {path.parent} keys the optimizer's state by parameter name, and the "
+                                  f"prepared {type(optimizer).__name__} trains no prepared model: prepare its model "
+                                  "too.")
+        return strategy.optimizer_parameter_names(owner, optimizer)
+    return names
 
 
 class _Plan:
     """Every file this process will read, found (or reported missing) before anything is loaded."""
 
-    def __init__(self, targets: CheckpointTargets, folder: Path, marker: Optional[dict], models: list,
-                 formats: Sequence[EngineCheckpointFormat]):
+    def __init__(self, targets: CheckpointTargets, folder: Path, marker: Optional[dict], models: list):
         state = PartialState()
-        self.models = [model_path(folder, index, formats) for index in range(len(models))]
-        self.optimizers = [_optimizer_path(folder, i, formats) for i in range(len(targets.optimizers))]
-        self.schedulers = [_require(folder, layout.scheduler_file(i), f"scheduler {i}")
+        self.models = [_model_location(folder, index) for index in range(len(models))]  # (format, path) pairs
+        self.optimizers = [_optimizer_location(folder, i) for i in range(len(targets.optimizers))]
+        self.schedulers = [_require(folder, FullStateFormat.scheduler_file(i), f"scheduler {i}")
                            for i in range(len(targets.schedulers))]
-        self.scaler = (_require(folder, layout.SCALER_NAME, "the fp16 gradient scaler")
+        self.scaler = (_require(folder, FullStateFormat.SCALER_NAME, "the fp16 gradient scaler")
                        if targets.scaler is not None else None)
-        saved_custom = sorted(name for name in os.listdir(folder) if layout.is_custom_object_file(name))
+        saved_custom = sorted(name for name in os.listdir(folder) if FullStateFormat.is_custom_object_file(name))
         if len(saved_custom) != len(targets.custom_objects):
             raise IncompleteCheckpointError(
                 f"Checkpoint {folder} holds {len(saved_custom)} registered object(s) but this run registered "
                 f"{len(targets.custom_objects)} with register_for_checkpointing: register the same objects, in "
                 "the same order, as the run that saved it."
             )
-        self.custom = [_require(folder, layout.custom_object_file(i), f"registered object {i}")
+        self.custom = [_require(folder, FullStateFormat.custom_object_file(i), f"registered object {i}")
                        for i in range(len(targets.custom_objects))]
         saved_processes = marker.get("num_processes") if marker else None
         self.same_layout = saved_processes in (None, state.num_processes)
@@ -182,12 +143,12 @@ class _Plan:
             logger.warning("%s has no %s: the random generators keep their current state.", folder, rng.name)
         if self.same_layout and self.loaders is None and targets.dataloaders:
             reference = [name for name in os.listdir(folder) if name.split(".")[0].rstrip("_0123456789")
-                         in layout.REFERENCE_LOADER_NAMES]
+                         in FullStateFormat.REFERENCE_LOADER_NAMES]
             logger.warning(
                 "%s has no data loader positions for this process (%s)%s: the prepared loaders start their current "
                 "epoch from the beginning; resume mid-epoch with skip_first_batches.", folder, loaders.name,
                 f"; the reference library's {', '.join(sorted(reference))} use(s) another format" if reference else "")
-        extra = _count(folder, lambda i: layout.optimizer_file(i)) - len(self.optimizers)
+        extra = _count(folder, FullStateFormat.optimizer_file) - len(self.optimizers)
         if extra > 0:
             logger.warning("%s holds %d more optimizer state(s) than this run prepared; they are not loaded.",
                            folder, extra)
@@ -256,50 +217,23 @@ def read_full_state(strategy, folder: Path, marker: Optional[dict], targets: Che
                     load_kwargs: Optional[dict], device, strict: bool) -> LoadedState:
     """Read and check every file of ``folder`` this process needs; nothing is applied (see the module doc)."""
     models = targets.run_load_hooks(folder, strategy.unwrap)
-    formats = tuple(getattr(strategy, "engine_checkpoint_formats", ()))
-    plan = _Plan(targets, folder, marker, models, formats)
-    for path in plan.models + plan.optimizers:  # an engine's own files (pickles): only when trusted
-        fmt = _engine_format(path, formats)
-        if fmt is not None:
-            fmt.check_trusted(folder, marker, load_kwargs)
+    plan = _Plan(targets, folder, marker, models)
+    for fmt, _ in plan.models + plan.optimizers:  # a format of pickles (an engine's) refuses before any read
+        fmt.check_trusted(folder, marker, load_kwargs)
     loaded = LoadedState()
-    for index, (model, path) in enumerate(zip(models, plan.models)):
-        what = f"weights of model {index}"
-        fmt = _engine_format(path, formats)
-        if fmt is not None:
-            state = fmt.read_weights(path)
-        elif path.is_dir():
-            state = model_weights_from_shards(path, weights_only=_weights_only(load_kwargs))
-        elif path.suffix == ".safetensors":
-            state = load_safetensors_file(path, what, device=device)
-        else:
-            state = load_pickle_file(path, what, map_location=device, load_kwargs=load_kwargs)
+    for index, (model, (fmt, path)) in enumerate(zip(models, plan.models)):
+        state = fmt.read_weights(path, f"weights of model {index}", device=device, load_kwargs=load_kwargs)
         if not isinstance(state, dict):
             raise CorruptCheckpointError(f"{path.name} in {folder} does not hold model weights (found a "
                                          f"{type(state).__name__}). Load another checkpoint.")
         state = prepare_loaded_state(strategy, model, state)
         _check_model(folder, path, strategy, model, state, strict)
         loaded.models.append((model, state))
-    for index, (optimizer, path) in enumerate(zip(targets.optimizers, plan.optimizers)):
-        fmt = _engine_format(path, formats)
-        if fmt is not None:
-            state = _engine_optimizer_state(strategy, fmt, path, targets.model_of(optimizer), optimizer)
-        elif path.is_dir():
-            owner = targets.model_of(optimizer)
-            if owner is None:
-                raise CheckpointError(f"{path} keys the optimizer's state by parameter name, and the prepared "
-                                      f"{type(optimizer).__name__} trains no prepared model: prepare its model too.")
-            state = optimizer_state_from_shards(path, strategy.optimizer_parameter_names(owner, optimizer),
-                                                weights_only=_weights_only(load_kwargs))
-        else:
-            state = load_pickle_file(path, f"optimizer {index}", map_location=device, load_kwargs=load_kwargs)
-            if _keyed_by_name(state):  # an FSDP optimizer state the reference library wrote (keyed by name)
-                owner = targets.model_of(optimizer)
-                if owner is None:
-                    raise CheckpointError(f"{path.name} in {folder} keys the optimizer's state by parameter name, and "
-                                          f"the prepared {type(optimizer).__name__} trains no prepared model.")
-                state = by_position(state, strategy.optimizer_parameter_names(owner, optimizer), state["param_groups"])
-        _check_optimizer(path, optimizer, state, strategy.optimizer_group_sizes(targets.model_of(optimizer), optimizer))
+    for index, (optimizer, (fmt, path)) in enumerate(zip(targets.optimizers, plan.optimizers)):
+        owner = targets.model_of(optimizer)
+        state = fmt.read_optimizer(path, f"optimizer {index}", _parameter_names(strategy, path, owner, optimizer),
+                                   device=device, load_kwargs=load_kwargs)
+        _check_optimizer(path, optimizer, state, strategy.optimizer_group_sizes(owner, optimizer))
         loaded.optimizers.append((optimizer, state))
     for index, (scheduler, path) in enumerate(zip(targets.schedulers, plan.schedulers)):
         state = load_pickle_file(path, f"scheduler {index}", load_kwargs=load_kwargs)

@@ -28,6 +28,7 @@ from . import layout
 from .agreement import gather_failures, together
 from .atomic import content_changed, recover_interrupted_swap, start_content_check, verify_complete
 from .contributions import verify_contribution
+from .formats import is_checkpoint_file
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError
 from .rotation import checkpoints_root, complete_checkpoints, require_newest_complete_checkpoint
 
@@ -60,7 +61,7 @@ def resolve_load_folder(project_configuration, input_dir) -> Path:
         folder = Path(os.path.abspath(os.path.expanduser(os.fspath(input_dir))))
 
         def pick():
-            recover_interrupted_swap(folder, layout.is_checkpoint_file)
+            recover_interrupted_swap(folder, is_checkpoint_file)
             if not folder.is_dir():
                 raise CheckpointNotFoundError(f"Cannot load the state from {folder}: the folder does not exist.")
             return folder

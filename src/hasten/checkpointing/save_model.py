@@ -25,7 +25,7 @@ from torch import nn
 from ..collectives.process_view import ProcessView
 from ..state import PartialState
 from .agreement import together
-from .layout import MODEL_NAME, SAFE_MODEL_NAME
+from ..core.constants import MODEL_NAME, SAFE_MODEL_NAME
 from .model_files import drop_aliases
 from .writers import atomic_file, write_pickle, write_tensors
 

@@ -8,11 +8,12 @@ tensors and plain values is unpickled unless the caller trusts the files (``weig
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 from ..core.constants import FSDP_MODEL_NAME
 from .errors import CorruptCheckpointError
 from .optimizer_names import by_position
-from .safe_load import UNSAFE_OPT_IN
+from .safe_load import UNSAFE_OPT_IN, load_pickle_file
 
 __all__ = ["ShardedFormat", "is_sharded_folder", "model_weights_from_shards", "optimizer_state_from_shards"]
 
@@ -27,12 +28,12 @@ class ShardedFormat:
     - ``pytorch_model_fsdp[_i].bin``: the same model gathered into one file (FSDP's ``FULL_STATE_DICT``).
 
     The one place these names are spelled: the sharded IO writes with them, the full-state reader and
-    ``merge-weights`` find the folders through them, the folder scan (``layout.is_checkpoint_file``) knows them
+    ``merge-weights`` find the folders through them, the folder scan (``formats.is_checkpoint_file``) knows them
     by ``NAME_PATTERN``.
     """
 
     #: the names this format adds to a checkpoint folder (its DCP folders)
-    NAME_PATTERN = rf"{FSDP_MODEL_NAME}_\d+|optimizer_\d+"
+    NAME_PATTERN = rf"{FSDP_MODEL_NAME}_\d+|optimizer_\d+|{FSDP_MODEL_NAME}(_\d+)?\.bin"
 
     @staticmethod
     def model_folder(index: int) -> str:
@@ -51,6 +52,38 @@ class ShardedFormat:
     def recognises(path: Path) -> bool:
         """Whether ``path`` is one of this format's folders (``is_sharded_folder``)."""
         return is_sharded_folder(path)
+
+    # ------------------------------------------------------------ found in a folder, read whole in one process
+    def model_location(self, folder: Path, index: int) -> Optional[Path]:
+        """Model ``index``'s DCP folder in ``folder``, else its gathered file (the reference's FSDP
+        ``FULL_STATE_DICT``), else None."""
+        sharded = Path(folder) / self.model_folder(index)
+        if self.recognises(sharded):
+            return sharded
+        gathered = Path(folder) / self.gathered_model_file(index)
+        return gathered if gathered.is_file() else None
+
+    def optimizer_location(self, folder: Path, index: int) -> Optional[Path]:
+        sharded = Path(folder) / self.optimizer_folder(index)
+        return sharded if self.recognises(sharded) else None
+
+    def check_trusted(self, checkpoint: Path, marker: Optional[dict], load_kwargs: Optional[dict]) -> None:
+        """Nothing to refuse: DCP folders are read without unpickling code unless the caller opts out."""
+
+    def read_weights(self, path: Path, what: str, *, device: Any = "cpu", load_kwargs: Optional[dict] = None) -> Any:
+        """The full weights of a DCP folder (on the CPU), or of a gathered file (on ``device``)."""
+        if path.is_dir():
+            return model_weights_from_shards(path, weights_only=_weights_only(load_kwargs))
+        return load_pickle_file(path, what, map_location=device, load_kwargs=load_kwargs)
+
+    def read_optimizer(self, path: Path, what: str, names: Callable[[], list], *, device: Any = "cpu",
+                       load_kwargs: Optional[dict] = None) -> dict:
+        """The full optimizer state of a DCP folder, by position for the parameters ``names()`` lists."""
+        return optimizer_state_from_shards(path, names(), weights_only=_weights_only(load_kwargs))
+
+
+def _weights_only(load_kwargs: Optional[dict]) -> bool:
+    return bool((load_kwargs or {}).get("weights_only", True))
 
 
 def is_sharded_folder(path: Path) -> bool:

@@ -1,7 +1,7 @@
 """Accelerate's low-level checkpoint functions: ``save_accelerator_state`` / ``load_accelerator_state`` and
 ``save_custom_state`` / ``load_custom_state``, for code that calls them directly.
 
-They write and read the same files as ``Accelerator.save_state`` / ``load_state`` (names from ``layout``,
+They write and read the same files as ``Accelerator.save_state`` / ``load_state`` (names from the formats, ``full_files.py``, and ``layout``,
 weights through ``model_files``, random generators through ``rng``, pickles read safely through
 ``safe_load``), but into the folder given, file by file: each file is replaced atomically, the folder as a
 whole is not (no staging folder, no completion marker). Use ``Accelerator.save_state`` for that.
@@ -14,10 +14,11 @@ from typing import Optional
 
 from ..state import PartialState
 from . import layout
-from .full_state_reader import model_path
+from .full_files import FullStateFormat
+from .full_state_reader import model_location
 from .model_files import drop_aliases, fill_aliases, match_keys
 from .rng import capture_rng_states, restore_rng_states
-from .safe_load import load_pickle_file, load_safetensors_file
+from .safe_load import load_pickle_file
 from .serialization import save as _save_from_one_process
 from .targets import loader_state
 from .writers import atomic_file, write_pickle, write_tensors
@@ -54,7 +55,7 @@ def save_accelerator_state(output_dir, model_states: list, optimizers: list, sch
     folder.mkdir(parents=True, exist_ok=True)
     if _writes_shared_files(save_on_each_node):
         for index, weights in enumerate(model_states):
-            path = folder / layout.model_file(index, safe_serialization)
+            path = folder / FullStateFormat.model_file(index, safe_serialization)
             if safe_serialization:
                 with atomic_file(path) as temporary:
                     write_tensors(drop_aliases(weights)[0], temporary, metadata={"format": "pt"})
@@ -62,11 +63,11 @@ def save_accelerator_state(output_dir, model_states: list, optimizers: list, sch
                 _pickle(dict(weights), path)
             logger.info("Model weights saved in %s", path)
         for index, optimizer in enumerate(optimizers):
-            _pickle(optimizer.state_dict(), folder / layout.optimizer_file(index))
+            _pickle(optimizer.state_dict(), folder / FullStateFormat.optimizer_file(index))
         for index, scheduler in enumerate(schedulers):
-            _pickle(scheduler.state_dict(), folder / layout.scheduler_file(index))
+            _pickle(scheduler.state_dict(), folder / FullStateFormat.scheduler_file(index))
         if scaler is not None:
-            _pickle(scaler.state_dict(), folder / layout.SCALER_NAME)
+            _pickle(scaler.state_dict(), folder / FullStateFormat.SCALER_NAME)
     if dataloaders:
         positions = [loader_state(loader) for loader in dataloaders]
         _pickle(positions, folder / layout.loader_states_file(process_index))
@@ -95,21 +96,19 @@ def load_accelerator_state(input_dir, models: list, optimizers: list, schedulers
     overrides = {}
 
     for index, model in enumerate(models):
-        path = model_path(folder, index)  # model.safetensors, else pytorch_model.bin
-        what = f"weights of model {index}"
-        loaded = (load_safetensors_file(path, what, device=device) if path.suffix == ".safetensors"
-                  else load_pickle_file(path, what, map_location=device, load_kwargs=load_kwargs))
+        fmt, path = model_location(folder, index)  # model.safetensors, else pytorch_model.bin, else another format's
+        loaded = fmt.read_weights(path, f"weights of model {index}", device=device, load_kwargs=load_kwargs)
         expected = model.state_dict(keep_vars=True)
         model.load_state_dict(fill_aliases(match_keys(loaded, expected.keys()), expected), **load_model_func_kwargs)
     for index, optimizer in enumerate(optimizers):
-        path = folder / layout.optimizer_file(index)
+        path = folder / FullStateFormat.optimizer_file(index)
         optimizer.load_state_dict(load_pickle_file(path, f"optimizer {index}", map_location=device,
                                                    load_kwargs=load_kwargs))
     for index, scheduler in enumerate(schedulers):
-        path = folder / layout.scheduler_file(index)
+        path = folder / FullStateFormat.scheduler_file(index)
         scheduler.load_state_dict(load_pickle_file(path, f"scheduler {index}", load_kwargs=load_kwargs))
     if scaler is not None:
-        scaler.load_state_dict(load_pickle_file(folder / layout.SCALER_NAME, "the gradient scaler",
+        scaler.load_state_dict(load_pickle_file(folder / FullStateFormat.SCALER_NAME, "the gradient scaler",
                                                 load_kwargs=load_kwargs))
     if dataloaders:
         path = folder / layout.loader_states_file(process_index)
@@ -134,7 +133,7 @@ def load_accelerator_state(input_dir, models: list, optimizers: list, schedulers
 
 def save_custom_state(obj, path, index: int = 0, save_on_each_node: bool = False) -> None:
     """Save ``obj.state_dict()`` to ``{path}/custom_checkpoint_{index}.pkl`` (from the main process, atomically)."""
-    location = Path(path) / layout.custom_object_file(index)
+    location = Path(path) / FullStateFormat.custom_object_file(index)
     logger.info("Saving the state of %s to %s", type(obj).__qualname__, location)
     _save_from_one_process(obj.state_dict(), location, save_on_each_node=save_on_each_node)
 
@@ -146,7 +145,7 @@ def load_custom_state(obj, path, index: int = 0, load_kwargs: Optional[dict] = N
     holds): a state holding other objects raises ``UnsafeCheckpointError``, which says how to allow them, e.g.
     ``load_kwargs={"weights_only": False}`` for a file you trust.
     """
-    location = Path(path) / layout.custom_object_file(index)
+    location = Path(path) / FullStateFormat.custom_object_file(index)
     logger.info("Loading the state of %s from %s", type(obj).__qualname__, location)
     obj.load_state_dict(load_pickle_file(location, f"registered object {index}", map_location="cpu",
                                          load_kwargs=load_kwargs))

@@ -24,7 +24,7 @@ from ..state import PartialState
 from .agreement import together
 from .atomic import recover_interrupted_swap, staging_folder, swap_into_place, write_marker
 from .errors import CheckpointError
-from .layout import is_checkpoint_file
+from .formats import is_checkpoint_file
 from .atomic import SaveLock
 
 __all__ = ["SaveTransaction"]

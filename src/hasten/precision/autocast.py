@@ -71,7 +71,8 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
         return contextlib.nullcontext()
     from ..state import AcceleratorState
 
-    dtype = _AUTOCAST_DTYPES.get(AcceleratorState().mixed_precision) if AcceleratorState._shared_state else None
+    state = AcceleratorState.current()
+    dtype = _AUTOCAST_DTYPES.get(state.mixed_precision) if state is not None else None
     if dtype is not None:
         options.setdefault("dtype", dtype)
     return torch.autocast(device_type=_device_type(), **options)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import ContextManager, Iterable, Optional, Sequence
+from typing import ContextManager, Iterable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -29,7 +29,9 @@ from ..config.enums import DistributedType
 from ..config.fp8 import AORecipeKwargs
 from ..config.kwargs import AutocastKwargs, GradScalerKwargs
 from ..core.modules import extract_model_from_parallel
-from .deepspeed.checkpoint_reader import DeepSpeedCheckpointFormat
+
+if TYPE_CHECKING:
+    from ..state import PartialState
 
 
 class Strategy:
@@ -42,8 +44,6 @@ class Strategy:
     prepares_models_with_optimizers: bool = False
     #: how state becomes files in the staging folder and back (``checkpointing/checkpoint_io.py``)
     checkpoint_io = FullStateCheckpointIO()
-    #: engine checkpoints the full-state reader reads whole (another backend's, for loading across strategies)
-    engine_checkpoint_formats: tuple = (DeepSpeedCheckpointFormat(),)
     #: whether one process holds the whole state, so the main process writes a complete checkpoint alone and the
     #: others only add their own files, if they call ``save_state`` at all (``checkpointing/participation.py``)
     saves_from_one_process: bool = True
@@ -54,10 +54,10 @@ class Strategy:
     #: function (given to its checkpoint IO's ``collect`` with each save); none by default
     save_options_accepted: tuple = ()
 
-    def __init__(self, state, settings=None, dims=None):
+    def __init__(self, processes: PartialState, settings=None, dims=None):
         from ..config.accelerator_settings import AcceleratorSettings
 
-        self.state = state
+        self.processes = processes  # the process facts (PartialState): device, ranks, counts
         #: the run's settings, resolved once by the Accelerator (``AcceleratorSettings``): precision, kwargs handlers
         self.settings = settings if settings is not None else AcceleratorSettings()
         self.handlers = self.settings.handlers
@@ -71,17 +71,27 @@ class Strategy:
         ``grad_scaler_class``)."""
         from ..precision import autocast_precision
 
-        return autocast_precision(self.settings.mixed_precision, self.state.device,
+        return autocast_precision(self.settings.mixed_precision, self.processes.device,
                                   scaler_kwargs=self.handlers.get(GradScalerKwargs),
                                   autocast_kwargs=self.handlers.get(AutocastKwargs),
                                   scaler_class=self.grad_scaler_class(),
                                   fp8_recipe=self.handlers.get(AORecipeKwargs))
 
     def state_views(self) -> dict:
-        """What ``AcceleratorState`` shows of this run beyond the processes' kind: ``distributed_type`` and the
-        backend's plugin (``fsdp_plugin``, ``megatron_lm_plugin``) for the backends scripts check by name; nothing
-        here (the state then shows the processes' kind, as for one device or DDP)."""
-        return {}
+        """What ``AcceleratorState`` shows of this run: its ``mixed_precision`` (the precision object's mode) and,
+        for the backends scripts check by name, ``distributed_type`` and the backend's plugin (``fsdp_plugin``,
+        ``megatron_lm_plugin``); without a ``distributed_type`` here the state shows the processes' kind (one device,
+        DDP). A subclass adds its entries to these."""
+        return {"mixed_precision": self.precision.mode}
+
+    def select_deepspeed_plugin(self, name: Optional[str]) -> None:
+        """Make a named DeepSpeed plugin the one the next engine is built with: only a DeepSpeed run has several."""
+        raise ValueError(f"{type(self).__name__} builds no DeepSpeed engine: select_deepspeed_plugin needs an "
+                         "Accelerator created with deepspeed_plugins={name: DeepSpeedPlugin(...), ...}.")
+
+    def selected_deepspeed_plugin(self) -> Optional[str]:
+        """The name of the DeepSpeed plugin the next engine is built with; None without several named ones."""
+        return None
 
     def grad_scaler_class(self) -> Optional[type]:
         """The class of the fp16 gradient scaler: None, torch's ``GradScaler``; a sharded backend returns one that
@@ -94,7 +104,7 @@ class Strategy:
         if self._dims is None:
             from ..parallel import ParallelDims
 
-            self._dims = ParallelDims.from_config(None, self.state.num_processes)
+            self._dims = ParallelDims.from_config(None, self.processes.num_processes)
         return self._dims
 
     def data_processes(self):
@@ -114,13 +124,13 @@ class Strategy:
     def _processes(self, name: str, size: int, group):
         """None when ``size`` is every process, else the ``ProcessView`` of ``group()``, built once per name
         (gathers and reductions ask for it at every call)."""
-        if size == self.state.num_processes:
+        if size == self.processes.num_processes:
             return None
         if name not in self._views:
             from ..collectives.process_view import ProcessView
 
-            self.layout.build_mesh(self.state.device.type)
-            self._views[name] = ProcessView.of_group(group(), self.state)
+            self.layout.build_mesh(self.processes.device.type)
+            self._views[name] = ProcessView.of_group(group(), self.processes)
         return self._views[name]
 
     @property
@@ -174,7 +184,7 @@ class Strategy:
     def prepare_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False):
         """Place (and for distributed backends, wrap) one model."""
         if device_placement:
-            model = model.to(self.state.device)
+            model = model.to(self.processes.device)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -204,17 +214,12 @@ class Strategy:
         ``"loss_parallel"`` head), or None."""
         return None
 
-    def context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
-        """The block of one context-parallel step (``strategies/model_parallel/context_parallel.py``), or None when
-        this run splits no sequence (``cp_size`` 1)."""
-        layout = self.layout
-        if layout is None or layout.cp == 1:
-            return None
-        from .model_parallel.context_parallel import context_parallel_block
-
-        handler = getattr(getattr(layout, "_config", None), "cp_handler", None)
-        return context_parallel_block(layout.submesh("cp"), buffers, buffer_seq_dims, no_restore_buffers,
-                                      comm_strategy=getattr(handler, "cp_comm_strategy", None) or "allgather")
+    def context_parallel(self, buffers: Optional[Sequence[torch.Tensor]] = None,
+                         buffer_seq_dims: Optional[Sequence[int]] = None,
+                         no_restore_buffers: Optional[set] = None) -> Optional[ContextManager]:
+        """The block of one context-parallel step, or None when this run splits no sequence: None here (a
+        ParallelismConfig with ``cp_size`` > 1 selects FSDP2, which has it)."""
+        return None
 
     # ------------------------------------------------------------ the training step
     def normalize_loss(self, loss: torch.Tensor, accumulation_steps: int = 1, num_items_in_batch=None):
@@ -311,16 +316,16 @@ class Strategy:
                          safe_serialization: bool = True, process_group=None) -> None:
         """Write this process's files of ``collected`` into ``staging_dir``. ``process_group``: the group for a
         writer's collectives (an asynchronous save writes from a background thread, on a group of its own)."""
-        self.checkpoint_io.write(self, Path(staging_dir), collected, writes_shared_files=writes_shared_files,
+        self.checkpoint_io.write(Path(staging_dir), collected, writes_shared_files=writes_shared_files,
                                  process_index=process_index, safe_serialization=safe_serialization,
                                  process_group=process_group)
 
     def save_checkpoint(self, staging_dir: Path, targets, *, writes_shared_files: Optional[bool] = None,
                         safe_serialization: bool = True) -> None:
         """Collect and write in one call (``save_state`` runs the two steps inside its transaction)."""
-        writes = self.state.is_main_process if writes_shared_files is None else writes_shared_files
+        writes = self.processes.is_main_process if writes_shared_files is None else writes_shared_files
         self.write_checkpoint(staging_dir, self.collect_checkpoint(targets), writes_shared_files=writes,
-                              process_index=self.state.process_index, safe_serialization=safe_serialization)
+                              process_index=self.processes.process_index, safe_serialization=safe_serialization)
 
     def read_checkpoint(self, folder: Path, marker: Optional[dict], targets, *, load_kwargs: Optional[dict] = None,
                         device="cpu", strict: bool = True):
@@ -344,7 +349,7 @@ class Strategy:
                                            keep_torch_compile=keep_torch_compile)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(device={self.state.device}, processes={self.state.num_processes})"
+        return f"{type(self).__name__}(device={self.processes.device}, processes={self.processes.num_processes})"
 
 
 def follow_replaced_parameters(optimizers: Sequence, before: dict, after: dict) -> None:

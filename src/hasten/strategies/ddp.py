@@ -15,7 +15,7 @@ class DDPStrategy(Strategy):
 
     @property
     def distributed_type(self):
-        return self.state.distributed_type
+        return self.processes.distributed_type
 
     @property
     def ddp_kwargs(self) -> DistributedDataParallelKwargs:
@@ -28,8 +28,8 @@ class DDPStrategy(Strategy):
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise: DDP refuses such models
         device_ids = None
-        if self.state.device.type not in ("cpu", "mps"):
-            device_ids = [self.state.device.index if self.state.device.index is not None else 0]
+        if self.processes.device.type not in ("cpu", "mps"):
+            device_ids = [self.processes.device.index if self.processes.device.index is not None else 0]
         handler = self.ddp_kwargs
         wrapped = DistributedDataParallel(model, device_ids=device_ids, **handler.to_kwargs())
         handler.register_comm_hook(wrapped)

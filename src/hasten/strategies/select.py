@@ -9,7 +9,7 @@ way it was asked for: nothing silently falls back to DDP. A new backend replaces
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, TYPE_CHECKING
 
 from ..config.enums import DistributedType
 from ..core.planned import not_yet_supported
@@ -17,10 +17,13 @@ from .base import Strategy
 from .ddp import DDPStrategy
 from .single import SingleDeviceStrategy
 
+if TYPE_CHECKING:
+    from ..state import PartialState
+
 __all__ = ["select_strategy", "requested_backend"]
 
 
-def _fsdp(state, settings, dims, plugin=None) -> Strategy:
+def _fsdp(processes, settings, dims, plugin=None) -> Strategy:
     """FSDP2 (``strategies/fsdp/fsdp2.py``); without a plugin, one read from the launcher's ``FSDP_*`` environment,
     or a default FSDP2 one when a ParallelismConfig's ``dp_shard_size`` asks for sharding."""
     from ..config.fsdp import FullyShardedDataParallelPlugin
@@ -39,13 +42,13 @@ def _fsdp(state, settings, dims, plugin=None) -> Strategy:
         if isinstance(plugin, FullyShardedDataParallelPlugin) and plugin.fsdp_version == 1:
             raise ValueError("Tensor parallelism composes with FSDP2 only: use FullyShardedDataParallelPlugin("
                              "fsdp_version=2) with ParallelismConfig(tp_size=...).")
-        return _tensor_parallel(state, settings, dims, None, fsdp_plugin=plugin)
+        return _tensor_parallel(processes, settings, dims, None, fsdp_plugin=plugin)
     if isinstance(plugin, FullyShardedDataParallelPlugin) and plugin.fsdp_version == 1:
-        return FSDP1Strategy(state, settings, dims, plugin)
-    return FSDP2Strategy(state, settings, dims, plugin)
+        return FSDP1Strategy(processes, settings, dims, plugin)
+    return FSDP2Strategy(processes, settings, dims, plugin)
 
 
-def _tensor_parallel(state, settings, dims, plugin=None, fsdp_plugin=None) -> Strategy:
+def _tensor_parallel(processes, settings, dims, plugin=None, fsdp_plugin=None) -> Strategy:
     """Tensor parallelism on DTensor (``strategies/model_parallel/strategy.py``), from a ParallelismConfig's
     ``tp_size`` or a ``TorchTensorParallelPlugin`` (whose tp_size splits the processes into tp groups, the rest data
     parallel; its ``torch_device_mesh``, when given, becomes the run's mesh if it has this layout's dimensions and
@@ -66,9 +69,9 @@ def _tensor_parallel(state, settings, dims, plugin=None, fsdp_plugin=None) -> St
             if mesh is not None and mesh.size() > 1 and "tp" in (mesh.mesh_dim_names or ()):
                 raise ValueError(f"TorchTensorParallelPlugin(tp_size=1) was given a torch_device_mesh with a 'tp' "
                                  f"dimension of size {mesh['tp'].size()}: set tp_size to it, or leave the mesh out.")
-            return _default(state, settings, dims)  # nothing to split
+            return _default(processes, settings, dims)  # nothing to split
         if dims is None or dims.tp == 1:
-            world = state.num_processes
+            world = processes.num_processes
             if world % plugin.tp_size:
                 raise ValueError(f"TorchTensorParallelPlugin(tp_size={plugin.tp_size}) does not divide the "
                                  f"{world} processes: launch a multiple of {plugin.tp_size}.")
@@ -76,25 +79,25 @@ def _tensor_parallel(state, settings, dims, plugin=None, fsdp_plugin=None) -> St
         if mesh is not None:  # the user's mesh is the run's, once it is checked to be this layout's
             dims.adopt_mesh(mesh, given_as="TorchTensorParallelPlugin.torch_device_mesh")
     config = getattr(dims, "_config", None)
-    return ModelParallelStrategy(state, settings, dims, fsdp_plugin,
+    return ModelParallelStrategy(processes, settings, dims, fsdp_plugin,
                                  tp_plan=getattr(getattr(config, "tp_handler", None), "tp_plan", None),
                                  pp_config=getattr(config, "pp_handler", None))
 
 
-def _deepspeed(state, settings, dims, plugin=None) -> Strategy:
+def _deepspeed(processes, settings, dims, plugin=None) -> Strategy:
     """DeepSpeed ZeRO (``strategies/deepspeed/strategy.py``); without a plugin, one read from the launcher's
     ``HASTEN_DEEPSPEED_*`` environment."""
     from .deepspeed.strategy import DeepSpeedStrategy
 
-    return DeepSpeedStrategy(state, settings, dims, plugin)
+    return DeepSpeedStrategy(processes, settings, dims, plugin)
 
 
-def _megatron(state, settings, dims, plugin=None) -> Strategy:
+def _megatron(processes, settings, dims, plugin=None) -> Strategy:
     """A ``MegatronLMPlugin`` on the torch-native model-parallel engine (``strategies/model_parallel/megatron.py``);
     without a plugin, one read from the launcher's ``HASTEN_MEGATRON_LM_*`` environment."""
     from .model_parallel.megatron import megatron_strategy
 
-    return megatron_strategy(state, settings, dims, plugin)
+    return megatron_strategy(processes, settings, dims, plugin)
 
 
 def _launcher_selects(settings, switch: str) -> bool:
@@ -112,7 +115,7 @@ class _Backend:
     label: str
     plugin: str  # the Accelerator argument that selects it
     env_switch: Optional[str]  # the launcher's HASTEN_<SWITCH> (config file distributed_type); None: no switch
-    factory: Callable[..., Strategy]  # (state, settings, dims, plugin) -> Strategy
+    factory: Callable[..., Strategy]  # (processes, settings, dims, plugin) -> Strategy
 
 
 _BACKENDS = (
@@ -160,7 +163,7 @@ def _needed_by_layout(dims) -> Optional[tuple]:
     return wants[0] if wants else None
 
 
-def select_strategy(state, settings=None, dims=None, **plugins) -> Strategy:
+def select_strategy(processes, settings=None, dims=None, **plugins) -> Strategy:
     """The strategy for this run, from the plugins given, the launcher's environment and the layout ``dims``
     (a ``ParallelDims``), else from the process state (one device, or DDP). ``settings``: the run's
     ``AcceleratorSettings`` (precision, kwargs handlers), handed to the strategy."""
@@ -169,17 +172,17 @@ def select_strategy(state, settings=None, dims=None, **plugins) -> Strategy:
         raise _sequence_parallelism_needs_deepspeed(dims, asked)
     if asked is not None:
         backend, _ = asked
-        return backend.factory(state, settings, dims, plugins.get(backend.plugin))
+        return backend.factory(processes, settings, dims, plugins.get(backend.plugin))
     needed = _needed_by_layout(dims)
     if needed is not None and needed[0].startswith("FSDP"):
-        return _fsdp(state, settings, dims)
+        return _fsdp(processes, settings, dims)
     if needed is not None and needed[0] == "tensor parallelism":
-        return _tensor_parallel(state, settings, dims)
+        return _tensor_parallel(processes, settings, dims)
     if needed is not None:
         label, sizes = needed
         raise not_yet_supported(f"{label} (ParallelismConfig {sizes})",
                                 "use ParallelismConfig(dp_replicate_size=...) alone (DDP) meanwhile")
-    return _default(state, settings, dims)
+    return _default(processes, settings, dims)
 
 
 def _sequence_parallelism_needs_deepspeed(dims, asked) -> ValueError:
@@ -191,8 +194,8 @@ def _sequence_parallelism_needs_deepspeed(dims, asked) -> ValueError:
         "launch --use_deepspeed (a config file's distributed_type: DEEPSPEED).")
 
 
-def _default(state, settings, dims) -> Strategy:
+def _default(processes, settings, dims) -> Strategy:
     """One device, or DDP over every process."""
-    if state.distributed_type == DistributedType.NO:
-        return SingleDeviceStrategy(state, settings, dims)
-    return DDPStrategy(state, settings, dims)
+    if processes.distributed_type == DistributedType.NO:
+        return SingleDeviceStrategy(processes, settings, dims)
+    return DDPStrategy(processes, settings, dims)

@@ -22,7 +22,7 @@ from hasten.checkpointing.errors import (  # noqa: E402
     CorruptCheckpointError,
     IncompleteCheckpointError,
 )
-from hasten.strategies.deepspeed.checkpoint_reader import (  # noqa: E402
+from hasten.checkpointing.deepspeed_files import (  # noqa: E402
     deepspeed_parameter_names,
     is_deepspeed_checkpoint,
     read_deepspeed_checkpoint,

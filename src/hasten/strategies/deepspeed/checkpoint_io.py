@@ -14,7 +14,7 @@ Loading picks the fastest exact path:
 
 - a DeepSpeed checkpoint with this engine's layout (ZeRO stage, data-parallel size, dtype): ``engine.load_checkpoint``;
 - a DeepSpeed checkpoint of another layout: rebuilt into full fp32 weights and optimizer state
-  (``deepspeed/checkpoint_reader.py``) and scattered into the engine;
+  (``checkpointing/deepspeed_files.py``) and scattered into the engine;
 - another strategy's checkpoint (full files or DCP shards): read by the full-state reader and scattered likewise.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ...checkpointing.checkpoint_io import Snapshot, take_snapshot, write_full_s
 from ...checkpointing.errors import IncompleteCheckpointError
 from ...checkpointing.full_state_reader import LoadedState, apply_full_state, read_full_state
 from ...checkpointing.targets import CheckpointTargets
-from .checkpoint_reader import DeepSpeedCheckpointFormat, check_trusted
+from ...checkpointing.deepspeed_files import DeepSpeedCheckpointFormat, check_trusted
 
 __all__ = ["DeepSpeedCheckpointIO", "engine_tag"]
 
@@ -62,8 +62,9 @@ def _without_models(targets: CheckpointTargets) -> CheckpointTargets:
     return dataclasses.replace(targets, models=[], optimizers=[], load_hooks=[])
 
 
-class DeepSpeedCheckpointIO:
-    """The engines write and read their own checkpoints; the full-state IO the rest."""
+class DeepSpeedCheckpointIO(DeepSpeedCheckpointFormat):
+    """DeepSpeed's engine format (``checkpointing/deepspeed_files.py``: its names, how it is recognised and read
+    whole), written and read by the engines themselves; the rest in full files."""
 
     # ------------------------------------------------------------ saving
     def collect(self, strategy, targets: CheckpointTargets, options: Optional[dict] = None):
@@ -74,7 +75,7 @@ class DeepSpeedCheckpointIO:
         return EngineSnapshot(**{f.name: getattr(snapshot, f.name) for f in dataclasses.fields(Snapshot)},
                               engines=engines, options=dict(options or {}))
 
-    def write(self, strategy, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
+    def write(self, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
               safe_serialization: bool = True, process_group=None) -> None:
         for index, engine in enumerate(collected.engines):  # collective: every rank writes its partitions
             engine.save_checkpoint(str(staging), tag=engine_tag(index), client_state={}, save_latest=index == 0,
@@ -86,10 +87,8 @@ class DeepSpeedCheckpointIO:
     # ------------------------------------------------------------ loading
     def read(self, strategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets, *,
              load_kwargs: Optional[dict] = None, device="cpu", strict: bool = True):
-        from .checkpoint_reader import is_deepspeed_checkpoint
-
         folder = Path(folder)
-        if not any(is_deepspeed_checkpoint(folder / engine_tag(i)) for i in range(len(targets.models))):
+        if not any(self.model_location(folder, i) is not None for i in range(len(targets.models))):
             return read_full_state(strategy, folder, marker, targets, load_kwargs, device, strict)  # another strategy's
         check_trusted(folder, marker, load_kwargs)
         targets.run_load_hooks(folder, strategy.unwrap)  # every engine loads its own checkpoint
@@ -103,7 +102,7 @@ class DeepSpeedCheckpointIO:
 
     def _read_engine(self, strategy, folder: Path, tag: str, engine, optimizer) -> _EngineLoad:
         from ...checkpointing.optimizer_names import by_name, by_position
-        from .checkpoint_reader import (
+        from ...checkpointing.deepspeed_files import (
             deepspeed_parameter_names,
             is_deepspeed_checkpoint,
             read_deepspeed_checkpoint,

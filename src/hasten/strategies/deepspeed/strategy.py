@@ -21,7 +21,7 @@ import functools
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -31,6 +31,10 @@ from ...core.imports import require_deepspeed
 from ...logging import get_logger
 from ...precision.engine import EnginePrecision
 from ..base import Strategy
+
+if TYPE_CHECKING:
+    from ...config.deepspeed import DeepSpeedPlugin
+    from ...state import PartialState
 
 __all__ = ["DeepSpeedStrategy", "deepspeed_required"]
 
@@ -62,7 +66,7 @@ class DeepSpeedStrategy(Strategy):
         return False  # an engine is built from its model and optimizer together
     save_options_accepted = ("exclude_frozen_parameters",)  # engine.save_checkpoint's
 
-    def __init__(self, state, settings=None, dims=None, plugin=None):
+    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None):
         from ...config.accelerator_settings import AcceleratorSettings
         from ...config.deepspeed import DeepSpeedPlugin
         from .auto_config import check_plugin_config
@@ -77,7 +81,7 @@ class DeepSpeedStrategy(Strategy):
             if not isinstance(value, DeepSpeedPlugin):
                 raise TypeError(f"deepspeed_plugin{'' if name is None else f's[{name!r}]'} must be a DeepSpeedPlugin, "
                                 f"got {type(value).__name__}.")
-            check_plugin_config(value.deepspeed_config, state.device.type, mixed_precision,  # fp16: at prepare
+            check_plugin_config(value.deepspeed_config, processes.device.type, mixed_precision,  # fp16: at prepare
                                 what="DeepSpeed config" + ("" if name is None else f" of plugin {name!r}"),
                                 engine_precision=False)
             value.set_mixed_precision(mixed_precision)  # the fp16 / bf16 sections; a contradiction raises
@@ -85,14 +89,15 @@ class DeepSpeedStrategy(Strategy):
             raise ValueError("DeepSpeed here shards over data-parallel ranks only: a ParallelismConfig with tensor, "
                              "context or pipeline parallelism cannot be combined with a DeepSpeedPlugin (sequence "
                              "parallelism, sp_size, can).")
-        if state.device.type == "cpu":  # also on a GPU machine with cpu=True: DeepSpeed must not pick CUDA
+        if processes.device.type == "cpu":  # also on a GPU machine with cpu=True: DeepSpeed must not pick CUDA
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         require_deepspeed()
         from .sequence_parallel import SequenceParallel
 
         self.sequence_parallel = SequenceParallel.from_layout(dims)  # ALST / Ulysses (sp_size > 1), else None
         self.plugins = plugins
-        super().__init__(state, settings, dims)
+        self._selected = next(iter(plugins))  # the first until a script selects another
+        super().__init__(processes, settings, dims)
         self._engines: list = []
         self.deepspeed_config: Optional[dict] = None  # the last engine's config, "auto" filled (prepare sets it)
         from .checkpoint_io import DeepSpeedCheckpointIO
@@ -103,31 +108,42 @@ class DeepSpeedStrategy(Strategy):
     def create_precision(self):
         from ...config.fp8 import AORecipeKwargs
 
-        return EnginePrecision(self.settings.mixed_precision, self.state.device,
+        return EnginePrecision(self.settings.mixed_precision, self.processes.device,
                                fp8_recipe=self.handlers.get(AORecipeKwargs))
 
     def state_views(self) -> dict:
-        return {"distributed_type": DistributedType.DEEPSPEED}
+        return {**super().state_views(), "distributed_type": DistributedType.DEEPSPEED}
 
     def setup(self) -> None:
         deepspeed = require_deepspeed()
-        if self.state.num_processes == 1 and not torch.distributed.is_initialized():
+        if self.processes.num_processes == 1 and not torch.distributed.is_initialized():
             _single_process_environment()
-        deepspeed.init_distributed(dist_backend="gloo" if self.state.device.type == "cpu" else None,
+        deepspeed.init_distributed(dist_backend="gloo" if self.processes.device.type == "cpu" else None,
                                    verbose=False)
-        first = next(iter(self.plugins))
+        self.select_deepspeed_plugin(next(iter(self.plugins)))
+
+    def select_deepspeed_plugin(self, name: Optional[str]) -> None:
+        """Build the next engine with the plugin registered under ``name`` (None: the only one). The plugins'
+        ``selected`` flags follow, as scripts written for Accelerate read them."""
+        if name not in self.plugins:
+            raise ValueError(f"No DeepSpeedPlugin is registered under {name!r}; the registered names are "
+                             f"{sorted(map(str, self.plugins))}.")
+        self._selected = name
         for plugin in self.plugins.values():
             plugin._unselect()
-        self.plugins[first].select(_from_accelerator_state=True)
+        self.plugins[name].select(_from_accelerator_state=True)
+
+    def selected_deepspeed_plugin(self) -> Optional[str]:
+        return self._selected
 
     @property
-    def plugin(self):
+    def plugin(self) -> DeepSpeedPlugin:
         """The selected plugin (``AcceleratorState().select_deepspeed_plugin(name)`` changes it)."""
-        return next(p for p in self.plugins.values() if p.selected)
+        return self.plugins[self._selected]
 
     @property
     def plugin_name(self) -> Optional[str]:
-        return next(name for name, p in self.plugins.items() if p.selected)
+        return self._selected
 
     # ------------------------------------------------------------ preparation
     def check_prepare(self, models, optimizers, schedulers) -> None:
@@ -190,7 +206,7 @@ class DeepSpeedStrategy(Strategy):
             sequence_parallel.check_model(model)  # a model Ulysses cannot split: refused before anything
         config = resolved_config(plugin, model=model, optimizer=optimizer, scheduler=scheduler, loaders=data_loaders,
                                  accumulation_steps=accumulation_steps, data_parallel_size=self._engine_dp_size,
-                                 mixed_precision=self.settings.mixed_precision, device_type=self.state.device.type,
+                                 mixed_precision=self.settings.mixed_precision, device_type=self.processes.device.type,
                                  loader_processes=self.data_parallel_size)
         if sequence_parallel is not None:  # checked before DeepSpeed makes its groups and wraps the attention
             sequence_parallel.check_engine_config(config)
@@ -276,11 +292,11 @@ class DeepSpeedStrategy(Strategy):
     def data_parallel_size(self) -> int:
         """Under sequence parallelism every process reads batches of its own (loaders are sharded over all of
         them, as in the reference) and DeepSpeed's adapter hands each batch to the whole group."""
-        return self.state.num_processes if self.sequence_parallel is not None else super().data_parallel_size
+        return self.processes.num_processes if self.sequence_parallel is not None else super().data_parallel_size
 
     @property
     def data_parallel_rank(self) -> int:
-        return self.state.process_index if self.sequence_parallel is not None else super().data_parallel_rank
+        return self.processes.process_index if self.sequence_parallel is not None else super().data_parallel_rank
 
     @property
     def _engine_dp_size(self) -> int:
@@ -294,7 +310,7 @@ class DeepSpeedStrategy(Strategy):
         """``loader`` through DeepSpeed's ``UlyssesSPDataLoaderAdapter`` under sequence parallelism."""
         if self.sequence_parallel is None:
             return loader
-        return self.sequence_parallel.adapt(loader, self.state.device)
+        return self.sequence_parallel.adapt(loader, self.processes.device)
 
     # ------------------------------------------------------------ engines
     def _record(self, model) -> _Engine:
@@ -465,7 +481,7 @@ class DeepSpeedStrategy(Strategy):
     def __repr__(self) -> str:
         stages = {name: p.hf_ds_config.get_value("zero_optimization.stage") for name, p in self.plugins.items()}
         shown = stages[None] if list(stages) == [None] else stages
-        return f"DeepSpeedStrategy(zero_stage={shown}, processes={self.state.num_processes})"
+        return f"DeepSpeedStrategy(zero_stage={shown}, processes={self.processes.num_processes})"
 
 
 def _is_engine(model) -> bool:
@@ -512,10 +528,11 @@ def deepspeed_required(func):
     def wrapper(*args, **kwargs):
         from ...state import AcceleratorState
 
-        if AcceleratorState._shared_state and AcceleratorState().distributed_type != DistributedType.DEEPSPEED:
+        state = AcceleratorState.current()
+        if state is not None and state.distributed_type != DistributedType.DEEPSPEED:
             raise ValueError(
                 f"{func.__qualname__} needs DeepSpeed, but the Accelerator is configured for "
-                f"{AcceleratorState().distributed_type}: create it with a DeepSpeedPlugin first."
+                f"{state.distributed_type}: create it with a DeepSpeedPlugin first."
             )
         return func(*args, **kwargs)
 

@@ -163,7 +163,7 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
     from ...state import AcceleratorState
 
     context = contextlib.nullcontext()
-    state = AcceleratorState() if AcceleratorState._shared_state else None
+    state = AcceleratorState.current()
     if state is not None and state.distributed_type == DistributedType.DEEPSPEED:
         plugin = getattr(state, "deepspeed_plugin", None)
         if plugin is None or plugin.hf_ds_config.is_zero3():  # ZeRO-3 partitions every prepared model

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from ...checkpointing.layout import optimizer_file
+from ...checkpointing.full_files import FullStateFormat
 from ...checkpointing.sharded_files import ShardedFormat
 from ...core.planned import not_yet_supported
 from ...parallel import ParallelDims
@@ -125,7 +125,7 @@ def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, 
         state = strategy.optimizer_state_dict(model, optimizer)
         if accelerator.is_main_process:  # keyed by name, as the reference library writes it
             torch.save(by_name(state, strategy.optimizer_parameter_names(model, optimizer)),
-                       Path(output_dir) / optimizer_file(optimizer_index))
+                       Path(output_dir) / FullStateFormat.optimizer_file(optimizer_index))
     else:
         dcp.save({"optimizer": strategy.sharded_optimizer_state_dict(model, optimizer)},
                  checkpoint_id=str(Path(output_dir) / ShardedFormat.optimizer_folder(optimizer_index)))
@@ -141,7 +141,7 @@ def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, o
     strategy = _strategy(accelerator, "load_fsdp_optimizer")
     kind = _kind(fsdp_plugin, use_dcp)  # adapter_only: the optimizer trains the adapter's parameters only anyway
     if kind == "full":
-        named = torch.load(Path(input_dir) / optimizer_file(optimizer_index), map_location="cpu",
+        named = torch.load(Path(input_dir) / FullStateFormat.optimizer_file(optimizer_index), map_location="cpu",
                            weights_only=True)
         state = by_position(named, strategy.optimizer_parameter_names(model, optimizer), named["param_groups"])
     else:

@@ -13,11 +13,15 @@ buffer is broadcast from rank 0 (``torch.distributed.utils._sync_module_states``
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from .fsdp2 import FSDP2Strategy
 from .wrapping import apply_activation_checkpointing, ignored_submodules, wrap_policy, wrap_units
+
+if TYPE_CHECKING:
+    from ...state import PartialState
 
 __all__ = ["FSDP1Strategy"]
 
@@ -27,14 +31,14 @@ class FSDP1Strategy(FSDP2Strategy):
 
     fsdp_version = 1
 
-    def __init__(self, state, settings=None, dims=None, plugin=None):
+    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None):
         offload = getattr(getattr(plugin, "cpu_offload", None), "offload_params", False)
-        if offload and state.device.type == "cpu":
+        if offload and processes.device.type == "cpu":
             raise ValueError(
                 "FSDP1 with cpu_offload=True cannot run on the CPU: torch's FSDP1 offload pins the shards for a GPU "
                 "and fails without one, and on the CPU the parameters are in CPU memory already. Remove cpu_offload "
                 "(FSDP_OFFLOAD_PARAMS=false), or use fsdp_version=2, whose CPU offload works here.")
-        super().__init__(state, settings, dims, plugin)
+        super().__init__(processes, settings, dims, plugin)
         self._layouts: dict = {}  # id(user's module) -> its full state dict's names, on meta (see expected_state_dict)
 
     def expected_state_dict(self, model: nn.Module, keep_vars: bool = False) -> dict:
@@ -51,7 +55,7 @@ class FSDP1Strategy(FSDP2Strategy):
         decide = wrap_policy(model, self.plugin)
         units = wrap_units(model, decide)
         layout = self.layout
-        layout.build_mesh(self.state.device.type)
+        layout.build_mesh(self.processes.device.type)
         hybrid = layout.dp_replicate > 1
         strategy = self.plugin.sharding_strategy
         if hybrid and strategy not in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
@@ -64,7 +68,7 @@ class FSDP1Strategy(FSDP2Strategy):
             param_init_fn=self.plugin.param_init_fn, sync_module_states=bool(self.plugin.sync_module_states),
             forward_prefetch=bool(self.plugin.forward_prefetch), limit_all_gathers=self.plugin.limit_all_gathers,
             use_orig_params=bool(self.plugin.use_orig_params),
-            device_id=self.state.device if self.state.device.type == "cpu" else self.state.device.index,
+            device_id=self.processes.device if self.processes.device.type == "cpu" else self.processes.device.index,
         )
         if hybrid:
             options["device_mesh"] = layout.mesh["dp_replicate", "dp_shard"]
@@ -74,7 +78,7 @@ class FSDP1Strategy(FSDP2Strategy):
         ignored = {param for module in ignored_modules for param in module.parameters()}
         if ignored_modules:  # as modules: FSDP1 then neither shards nor wraps them (model._ignored_modules)
             options["ignored_states"] = ignored_modules
-        if options["sync_module_states"] and self.state.device.type == "cpu":
+        if options["sync_module_states"] and self.processes.device.type == "cpu":
             _sync_from_rank_zero(model, self.plugin.param_init_fn, ignored)
             options.update(sync_module_states=False, param_init_fn=None)
         self._layouts[id(model)] = _meta_copy(model.state_dict(keep_vars=True))
@@ -129,7 +133,7 @@ class FSDP1Strategy(FSDP2Strategy):
     # breaks when the parameters already live on the CPU (the unsharded views point at freed storage). On the
     # CPU the full states are gathered to the main process without offloading, through FSDP1's own API.
     def _cpu(self) -> bool:
-        return self.state.device.type == "cpu"
+        return self.processes.device.type == "cpu"
 
     def _full_context(self, model):
         from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
@@ -144,7 +148,7 @@ class FSDP1Strategy(FSDP2Strategy):
             return super().model_state_dict(model, full)
         with self._full_context(model):
             state = self._state_dict_module(model).state_dict()
-        return {key: value.detach().clone() for key, value in state.items()} if self.state.is_main_process else {}
+        return {key: value.detach().clone() for key, value in state.items()} if self.processes.is_main_process else {}
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -158,7 +162,7 @@ class FSDP1Strategy(FSDP2Strategy):
         module = self._state_dict_module(_required(model, optimizer))
         with self._full_context(model):
             named = FSDP.optim_state_dict(module, inner)
-        if not self.state.is_main_process:
+        if not self.processes.is_main_process:
             return {}
         return by_position(named, self.optimizer_parameter_names(model, inner), inner.param_groups)
 

@@ -12,7 +12,7 @@ other strategy, so they load across strategies and numbers of processes.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import ContextManager, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -23,6 +23,9 @@ from ..base import Strategy
 from .sharding import shard_with_plugin
 from .save_pretrained import gather_in_save_pretrained
 from .wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
+
+if TYPE_CHECKING:
+    from ...state import PartialState
 
 __all__ = ["FSDP2Strategy"]
 
@@ -35,7 +38,7 @@ class FSDP2Strategy(Strategy):
     saves_from_one_process = False  # every rank holds shards
     fsdp_version = 2
 
-    def __init__(self, state, settings=None, dims=None, plugin=None):
+    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None):
         from ...config.fsdp import FullyShardedDataParallelPlugin
 
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin(fsdp_version=2)
@@ -44,7 +47,7 @@ class FSDP2Strategy(Strategy):
         if self.plugin.fsdp_version != self.fsdp_version:
             raise ValueError(f"{type(self).__name__} runs fsdp_version={self.fsdp_version}, and the plugin asks for "
                              f"{self.plugin.fsdp_version}: select the strategy with strategies.select_strategy.")
-        super().__init__(state, settings, _sharded_layout(dims, state.num_processes))
+        super().__init__(processes, settings, _sharded_layout(dims, processes.num_processes))
         if self.plugin.mixed_precision_policy is None and self.settings.mixed_precision in ("fp16", "bf16"):
             # as in the reference: the Accelerator's precision gathers the parameters and reduces the gradients
             self.plugin.set_mixed_precision(self.settings.mixed_precision)
@@ -60,12 +63,28 @@ class FSDP2Strategy(Strategy):
         return ShardedGradScaler
 
     def state_views(self) -> dict:
-        return {"distributed_type": DistributedType.FSDP, "fsdp_plugin": self.plugin}  # what scripts check
+        return {**super().state_views(), "distributed_type": DistributedType.FSDP,  # what scripts check
+                "fsdp_plugin": self.plugin}
+
+    def context_parallel(self, buffers: Optional[Sequence[torch.Tensor]] = None,
+                         buffer_seq_dims: Optional[Sequence[int]] = None,
+                         no_restore_buffers: Optional[set] = None) -> Optional[ContextManager]:
+        """The block of one context-parallel step over the layout's ``cp`` dimension
+        (``strategies/model_parallel/context_parallel.py``), or None when this run splits no sequence (``cp_size``
+        1)."""
+        layout = self.layout
+        if layout is None or layout.cp == 1:
+            return None
+        from ..model_parallel.context_parallel import context_parallel_block
+
+        handler = getattr(getattr(layout, "_config", None), "cp_handler", None)
+        return context_parallel_block(layout.submesh("cp"), buffers, buffer_seq_dims, no_restore_buffers,
+                                      comm_strategy=getattr(handler, "cp_comm_strategy", None) or "allgather")
 
     def setup(self) -> None:
-        if self.state.num_processes == 1:  # debugging FSDP on one device: torch shards over a world of one
-            getattr(self.state, "_partial", self.state).start_single_process_group()
-        if self.state.device.type == "cpu":  # freed shard buffers go back to the system (core/allocator.py)
+        if self.processes.num_processes == 1:  # debugging FSDP on one device: torch shards over a world of one
+            getattr(self.processes, "_partial", self.processes).start_single_process_group()
+        if self.processes.device.type == "cpu":  # freed shard buffers go back to the system (core/allocator.py)
             from ...core.allocator import limit_heap_retention
 
             limit_heap_retention()
@@ -77,13 +96,13 @@ class FSDP2Strategy(Strategy):
         prepared = []
         for model, place in zip(models, device_placement):
             on_meta = any(p.device.type == "meta" for p in model.parameters())
-            if on_meta and not (self.plugin.cpu_ram_efficient_loading and not self.state.is_main_process):
+            if on_meta and not (self.plugin.cpu_ram_efficient_loading and not self.processes.is_main_process):
                 raise ValueError(
                     "The model given to prepare() has parameters on the meta device (no weights). With FSDP only the "
                     "non-main processes may build it so, with cpu_ram_efficient_loading=True (FSDP_CPU_RAM_EFFICIENT_"
                     "LOADING=true): the main process's weights are then sent to them.")
             if place and not on_meta:
-                model = model.to(self.state.device)
+                model = model.to(self.processes.device)
             originals.update({id(p): clean_name(n) for n, p in model.named_parameters()})
             model = self.shard_model(self.precision.wrap_forward(model))
             gather_in_save_pretrained(model)  # its save_pretrained() writes the full weights (save_pretrained.py)
@@ -109,9 +128,9 @@ class FSDP2Strategy(Strategy):
     def shard_model(self, model: nn.Module) -> nn.Module:
         """Shard ``model`` in place (activation checkpointing of the wrap units, ``fully_shard`` on each unit, then
         the root; sharding.py) and return it."""
-        return shard_in_units(model, self.plugin, mesh=self.layout.fsdp_mesh(self.state.device.type),
-                              mixed_precision=self.settings.mixed_precision, device=self.state.device,
-                              is_main_process=self.state.is_main_process, checkpoint_units=True,
+        return shard_in_units(model, self.plugin, mesh=self.layout.fsdp_mesh(self.processes.device.type),
+                              mixed_precision=self.settings.mixed_precision, device=self.processes.device,
+                              is_main_process=self.processes.is_main_process, checkpoint_units=True,
                               broadcast_weights=_broadcast_weights)
 
     # ------------------------------------------------------------ the training step

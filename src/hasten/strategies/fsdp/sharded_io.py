@@ -77,7 +77,7 @@ class ShardedCheckpointIO:
         return take_snapshot(strategy, targets, model_state=strategy.sharded_model_state_dict,
                              optimizer_state=strategy.sharded_optimizer_state_dict)
 
-    def write(self, strategy, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
+    def write(self, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
               safe_serialization: bool = True, process_group=None) -> None:
         import torch.distributed.checkpoint as dcp
 

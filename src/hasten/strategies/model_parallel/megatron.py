@@ -20,12 +20,17 @@ Fields that only Megatron-LM itself can honour are refused by ``megatron_mapping
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from ...config.enums import DistributedType
 from ..single import SingleDeviceStrategy
 from .megatron_mapping import check_torch_native, megatron_layout
 from .strategy import ModelParallelStrategy
+
+if TYPE_CHECKING:
+    from ...state import PartialState
 
 __all__ = ["MegatronLMStrategy", "MegatronLMSingleDeviceStrategy", "megatron_strategy", "transformer_blocks"]
 
@@ -99,18 +104,18 @@ class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
 
     needs_model_parallel_layout = False  # tp_degree = pp_degree = 1 is Megatron's plain data parallelism
 
-    def __init__(self, state, settings=None, dims=None, plugin=None):
+    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None):
         from ...config.fsdp import FullyShardedDataParallelPlugin
         from ...parallel.config import TorchPipelineParallelConfig
 
-        layout = megatron_layout(plugin, state.num_processes, dims)
+        layout = megatron_layout(plugin, processes.num_processes, dims)
         config = getattr(layout, "_config", None)
         pp_config = getattr(config, "pp_handler", None)
         if layout.pp > 1 and pp_config is None:
             pp_config = TorchPipelineParallelConfig(num_micro_batches=plugin.num_micro_batches,
                                                     loss_fn=plugin.custom_loss_function)
         self.megatron_plugin = plugin
-        super().__init__(state, settings, layout, FullyShardedDataParallelPlugin(fsdp_version=2),
+        super().__init__(processes, settings, layout, FullyShardedDataParallelPlugin(fsdp_version=2),
                          tp_plan=getattr(getattr(config, "tp_handler", None), "tp_plan", None), pp_config=pp_config)
 
     @property
@@ -140,16 +145,16 @@ class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
     def __repr__(self) -> str:
         layout = self.layout
         return (f"MegatronLMStrategy(pp={layout.pp}, tp={layout.tp}, dp_shard={layout.dp_shard}, dp_replicate="
-                f"{layout.dp_replicate}, processes={self.state.num_processes})")
+                f"{layout.dp_replicate}, processes={self.processes.num_processes})")
 
 
 class MegatronLMSingleDeviceStrategy(_MegatronOptions, SingleDeviceStrategy):
     """A ``MegatronLMPlugin`` on one process (tp_degree = pp_degree = 1): recomputation and clipping only."""
 
-    def __init__(self, state, settings=None, dims=None, plugin=None):
+    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None):
         megatron_layout(plugin, 1, dims)  # tp or pp > 1 on one process: the error says how many to launch
         self.megatron_plugin = plugin
-        super().__init__(state, settings, dims)
+        super().__init__(processes, settings, dims)
 
     distributed_type = DistributedType.MEGATRON_LM
 
@@ -166,7 +171,7 @@ class MegatronLMSingleDeviceStrategy(_MegatronOptions, SingleDeviceStrategy):
         return self._clip_before_each_step(super().prepare_optimizer(optimizer))
 
 
-def megatron_strategy(state, settings=None, dims=None, plugin=None):
+def megatron_strategy(processes, settings=None, dims=None, plugin=None):
     """The strategy for a ``MegatronLMPlugin`` (None: one read from the launcher's environment), after checking
     that the torch-native engine honours every field it sets."""
     from ...config.megatron import MegatronLMPlugin
@@ -175,9 +180,9 @@ def megatron_strategy(state, settings=None, dims=None, plugin=None):
     if not isinstance(plugin, MegatronLMPlugin):
         raise TypeError(f"megatron_lm_plugin must be a MegatronLMPlugin, got {type(plugin).__name__}.")
     check_torch_native(plugin)
-    if state.num_processes == 1:
-        return MegatronLMSingleDeviceStrategy(state, settings, dims, plugin)
-    return MegatronLMStrategy(state, settings, dims, plugin)
+    if processes.num_processes == 1:
+        return MegatronLMSingleDeviceStrategy(processes, settings, dims, plugin)
+    return MegatronLMStrategy(processes, settings, dims, plugin)
 
 
 def _has_sequence_parallel(plan) -> bool:

@@ -26,6 +26,7 @@ stages), which load under another layout.
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from ...config.enums import DistributedType
 from ..fsdp.fsdp2 import FSDP2Strategy, _repoint
 from ..fsdp.sharding import shard_options
 from .tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan, splits_the_logits
+
+if TYPE_CHECKING:
+    from ...state import PartialState
 
 __all__ = ["ModelParallelStrategy"]
 
@@ -42,7 +46,7 @@ class ModelParallelStrategy(FSDP2Strategy):
 
     needs_model_parallel_layout = True  # a layout with tp or pp > 1 (a subclass may run data parallelism alone)
 
-    def __init__(self, state, settings=None, dims=None, plugin=None, tp_plan=None, pp_config=None):
+    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None, tp_plan=None, pp_config=None):
         from ...core.planned import not_yet_supported
 
         if self.needs_model_parallel_layout and (dims is None or (dims.tp == 1 and dims.pp == 1)):
@@ -53,7 +57,7 @@ class ModelParallelStrategy(FSDP2Strategy):
                                     f"{dims.pp})", "use context parallelism with tensor and data parallelism")
         if dims.dp_replicate > 1 and dims.dp_shard == 1:
             dims.unit_dims = ("dp_shard",)  # DDP x TP: FSDP2 over (dp_replicate, a one-rank dp_shard)
-        super().__init__(state, settings, dims, plugin)
+        super().__init__(processes, settings, dims, plugin)
         self.tp_plan = tp_plan
         self.splits_logits = False  # a "loss_parallel" head: the loss runs on logits split over the classes
         if dims.pp > 1:
@@ -69,7 +73,7 @@ class ModelParallelStrategy(FSDP2Strategy):
     @property
     def distributed_type(self):
         """FSDP when the data-parallel dimensions shard or replicate through FSDP2, else the process state's."""
-        return DistributedType.FSDP if self._sharded_over_data else self.state.distributed_type
+        return DistributedType.FSDP if self._sharded_over_data else self.processes.distributed_type
 
     @property
     def _sharded_over_data(self) -> bool:
@@ -99,7 +103,7 @@ class ModelParallelStrategy(FSDP2Strategy):
         originals, prepared = {}, []
         for model, place in zip(models, device_placement):
             if place:
-                model = model.to(self.state.device)
+                model = model.to(self.processes.device)
             originals.update({id(p): clean_name(n) for n, p in model.named_parameters()})
             prepared.append(self.precision.wrap_forward(self._pipeline(model)))
         local = {clean_name(n): p for model in prepared for n, p in self.unwrap(model).named_parameters()}
@@ -117,7 +121,7 @@ class ModelParallelStrategy(FSDP2Strategy):
         from .pipeline_model import PipelineModel
 
         layout, config = self.layout, self.pp_config
-        layout.build_mesh(self.state.device.type)
+        layout.build_mesh(self.processes.device.type)
         stages = split_model(model, layout.pp * config.virtual_stages, config.split_points)
         mine = [index for index in range(layout.pp_rank, len(stages), layout.pp)]
         part = PipelineStageModule(model, [name for index in mine for name in stages[index].unit_names], -1)
@@ -135,7 +139,7 @@ class ModelParallelStrategy(FSDP2Strategy):
         if layout.dp_size > 1:  # PP x FSDP (x TP): each of this rank's stages sharded over the data-parallel dims
             from torch.distributed.fsdp import fully_shard
 
-            options = shard_options(self.plugin, layout.fsdp_mesh(self.state.device.type))
+            options = shard_options(self.plugin, layout.fsdp_mesh(self.processes.device.type))
             for index in mine:
                 fully_shard(stages[index], **options)
         pipeline = build_pipeline(stages, layout.pp_rank, layout.submesh("pp"), schedule=config.schedule,
@@ -232,7 +236,7 @@ class ModelParallelStrategy(FSDP2Strategy):
         if isinstance(model, FSDPModule):
             return model
         layout = self.layout
-        layout.build_mesh(self.state.device.type)
+        layout.build_mesh(self.processes.device.type)
         if layout.tp > 1 and not is_tensor_parallel(model):
             plan = self._plan_for(model)
             if plan is None:
@@ -258,4 +262,4 @@ class ModelParallelStrategy(FSDP2Strategy):
     def __repr__(self) -> str:
         layout = self.layout
         return (f"ModelParallelStrategy(pp={layout.pp}, tp={layout.tp}, dp_shard={layout.dp_shard}, dp_replicate="
-                f"{layout.dp_replicate}, processes={self.state.num_processes})")
+                f"{layout.dp_replicate}, processes={self.processes.num_processes})")
