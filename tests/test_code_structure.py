@@ -6,6 +6,8 @@
   faces (Accelerate's import paths) sit on top and hold nothing but re-exports.
 * No module hides behind a leading underscore: a module other modules import is part of the structure, and its
   name should say so. Privacy is expressed by the package's ``__all__`` / export table instead.
+* Typed signatures: the share of public functions whose parameters and return are all annotated never falls below
+  ``ANNOTATED_FLOOR``.
 """
 from __future__ import annotations
 
@@ -428,3 +430,144 @@ def test_no_room_writes_a_training_fact_into_the_process_wide_state():
     found = state_fact_writes()
     assert not found, ("Training facts written into the process-wide state outside state.py (register the run, or "
                        "pass the value down as an argument):\n" + "\n".join(found))
+
+
+# ----------------------------------------------------------------------------- typed signatures
+# The share of public functions whose signature is fully annotated only goes up: a new public function comes typed,
+# and an annotation once written stays. Raise the floor when the share rises (``python tests/test_code_structure.py``
+# prints it, per room). 28.7% before issue 38; 54.8% once its first rooms were typed.
+ANNOTATED_FLOOR = 54  # whole percent
+
+
+def _public_functions(tree: ast.Module, public_only: bool = True):
+    """``(qualified name, function, is a method)`` for every function of a module a user can reach: module-level
+    functions and methods of public classes (nested classes too), whose name has no leading underscore or is
+    ``__init__``; nested functions and private classes are skipped. With ``public_only=False``: every function."""
+    def visit(body, prefix, in_class):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if not public_only or not node.name.startswith("_") or (in_class and node.name == "__init__"):
+                    yield prefix + node.name, node, in_class
+                if not public_only:
+                    yield from visit(node.body, f"{prefix}{node.name}.", False)
+            elif isinstance(node, ast.ClassDef) and (not public_only or not node.name.startswith("_")):
+                yield from visit(node.body, f"{prefix}{node.name}.", True)
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):  # ``if TYPE_CHECKING``, ``try: ... except`` ...
+                handlers = [h for handler in getattr(node, "handlers", []) for h in handler.body]
+                yield from visit(node.body + getattr(node, "orelse", []) + handlers + getattr(node, "finalbody", []),
+                                 prefix, in_class)
+    yield from visit(tree.body, "", False)
+
+
+def _parameters(function: ast.FunctionDef, in_class: bool) -> list:
+    arguments = function.args
+    parameters = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+    parameters += [p for p in (arguments.vararg, arguments.kwarg) if p is not None]
+    positional = [*arguments.posonlyargs, *arguments.args]
+    decorators = {ast.unparse(d) for d in function.decorator_list}
+    if in_class and positional and "staticmethod" not in decorators:
+        parameters.remove(positional[0])  # self / cls
+    return parameters
+
+
+def annotation_census(root: Path = SOURCE_ROOT / PACKAGE,
+                      public_only: bool = True) -> dict[str, tuple[int, int, list]]:
+    """Folder (the first part of a module's path under ``root``; a top-level module is its own) -> ``(functions,
+    fully annotated, the names of those that are not)`` over the public functions with at least one parameter besides
+    self/cls (every function with ``public_only=False``). Fully annotated: every such parameter (``*args`` and
+    ``**kwargs`` included) has an annotation, and so does the return, except for ``__init__``."""
+    census: dict[str, tuple[int, int, list]] = {}
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        folder = relative.parts[0] if len(relative.parts) > 1 else relative.name
+        total, typed, missing = census.get(folder, (0, 0, []))
+        for name, function, in_class in _public_functions(ast.parse(path.read_text(encoding="utf-8")), public_only):
+            parameters = _parameters(function, in_class)
+            if not parameters:
+                continue
+            total += 1
+            if all(p.annotation is not None for p in parameters) and \
+                    (function.returns is not None or function.name == "__init__"):
+                typed += 1
+            else:
+                missing.append(f"{relative.as_posix()}:{function.lineno} {name}")
+        census[folder] = (total, typed, missing)
+    return census
+
+
+def annotated_share(census: dict) -> float:
+    total = sum(entry[0] for entry in census.values())
+    return 100.0 * sum(entry[1] for entry in census.values()) / total if total else 100.0
+
+
+def annotation_shortfall(census: dict, floor: int) -> str | None:
+    """Why ``census`` falls below ``floor`` percent of fully annotated public functions, or None when it does not."""
+    share = annotated_share(census)
+    if share >= floor:
+        return None
+    missing = [name for entry in census.values() for name in entry[2]]
+    shown = "\n  ".join(missing[:40]) + (f"\n  ... and {len(missing) - 40} more" if len(missing) > 40 else "")
+    return (f"{share:.1f}% of the public functions are fully annotated, below the floor of {floor}%: give every "
+            "parameter and the return a type (a new public function comes typed, and no annotation is removed).\n"
+            f"{annotation_report(census)}\nNot fully annotated:\n  {shown}")
+
+
+def annotation_report(census: dict, what: str = "public functions") -> str:
+    lines = [f"whole package: {annotated_share(census):.1f}% of "
+             f"{sum(entry[0] for entry in census.values())} {what} fully annotated"]
+    for folder, (total, typed, _) in sorted(census.items()):
+        if total:
+            lines.append(f"  {folder:<24} {100.0 * typed / total:5.1f}%  ({typed}/{total})")
+    return "\n".join(lines)
+
+
+def test_the_annotation_census_counts_public_signatures(tmp_path):
+    _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/top.py": "def f(x: int) -> int: ...\n",
+        "pkg/room/__init__.py": "",
+        "pkg/room/mod.py": (
+            "def typed(a: int, *rest: str, key: bool = False, **options: bool) -> None: ...\n"
+            "def no_return(a: int): ...\n"
+            "def one_bare_parameter(a, b: int) -> int: ...\n"
+            "def bare_kwargs(a: int, **options) -> int: ...\n"
+            "def no_parameters(): ...\n"                             # nothing to annotate but the return: not counted
+            "def _private(a): ...\n"                                 # private: not counted
+            "class Public:\n"
+            "    def __init__(self, a: int): ...\n"                  # typed: __init__ needs no return type
+            "    def method(self, a) -> None: ...\n"
+            "    @staticmethod\n    def static(a: int) -> int: ...\n"  # no self to leave out
+            "    @classmethod\n    def build(cls, a: int) -> 'Public': ...\n"
+            "    def _hidden(self, a): ...\n"
+            "class _Private:\n    def method(self, a): ...\n"
+            "if True:\n    def guarded(a: int) -> int: ...\n"
+            "def outer(a: int) -> None:\n    def inner(b): ...\n"),  # nested functions are no API
+    })
+    census = annotation_census(tmp_path / "pkg")
+    total, typed, missing = census["room"]
+    assert (total, typed) == (10, 6)
+    assert [name.split(" ")[1] for name in missing] == ["no_return", "one_bare_parameter", "bare_kwargs", "Public.method"]
+    assert census["top.py"] == (1, 1, [])
+    assert annotated_share(census) == 100.0 * 7 / 11
+    assert annotation_census(tmp_path / "pkg", public_only=False)["room"][:2] == (14, 6)
+
+
+def test_removing_an_annotation_breaks_the_floor(tmp_path):
+    _write(tmp_path, {"pkg/mod.py": "def f(a: int) -> int: ...\ndef g(b: str) -> str: ...\n"})
+    assert annotation_shortfall(annotation_census(tmp_path / "pkg"), 100) is None
+    _write(tmp_path, {"pkg/mod.py": "def f(a: int) -> int: ...\ndef g(b) -> str: ...\n"})  # one annotation gone
+    problem = annotation_shortfall(annotation_census(tmp_path / "pkg"), 100)
+    assert problem is not None and "50.0%" in problem and "mod.py:2 g" in problem
+    _write(tmp_path, {"pkg/mod.py": "def f(a: int) -> int: ...\ndef g(b: str): ...\n"})  # a return type gone
+    assert annotation_shortfall(annotation_census(tmp_path / "pkg"), 51) is not None
+    assert annotation_shortfall(annotation_census(tmp_path / "pkg"), 50) is None
+
+
+def test_the_share_of_typed_public_signatures_only_goes_up():
+    problem = annotation_shortfall(annotation_census(), ANNOTATED_FLOOR)
+    assert problem is None, problem
+
+
+if __name__ == "__main__":  # the figures: python tests/test_code_structure.py
+    print(annotation_report(annotation_census()))
+    print(annotation_report(annotation_census(public_only=False), "functions (private and nested included)"))

@@ -11,8 +11,14 @@ process passing tensors while another passes other objects makes every process r
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
 from .collectives.operations import _gather, _gather_object, recursively_apply
+from .core.aliases import NestedData
 from .state import GradientState
+
+if TYPE_CHECKING:
+    from .collectives.process_view import ProcessView
 
 __all__ = ["gather_for_metrics"]
 
@@ -25,7 +31,8 @@ def _all_tensors(data) -> bool:
         return False
 
 
-def gather_for_metrics(input_data, use_gather_object: bool = False, processes=None):
+def gather_for_metrics(input_data: NestedData, use_gather_object: bool = False,
+                       processes: Optional[ProcessView] = None) -> NestedData:
     """Gather ``input_data`` from every process, without the samples ``even_batches`` duplicated.
 
     Tensors (nested in lists/tuples/dicts) are gathered along dim 0; anything else, or with

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from typing import Any, Callable, Optional, Union
 
 from .config.enums import PrecisionType
 from .core.env_vars import env_name, patch_environment
@@ -17,7 +17,7 @@ from .core.network import find_free_port, is_port_in_use
 __all__ = ["notebook_launcher", "debug_launcher", "test_launch"]
 
 
-def test_launch():
+def test_launch() -> None:
     """Check that a ``PartialState`` can be created (what a launched process does first)."""
     from .state import PartialState
 
@@ -92,10 +92,13 @@ def _default_start_method() -> str:
     return "fork"
 
 
-def notebook_launcher(function: Callable, args=(), num_processes=None, mixed_precision="no", use_port="29500",
-                      master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
-                      rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
-                      log_line_prefix_template=None, start_method=None, *, _always_launch: bool = False):
+def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_processes: Optional[int] = None,
+                      mixed_precision: Union[str, PrecisionType] = "no", use_port: Union[int, str] = "29500",
+                      master_addr: str = "127.0.0.1", node_rank: int = 0, num_nodes: int = 1,
+                      rdzv_backend: str = "static", rdzv_endpoint: str = "", rdzv_conf: Optional[dict[str, Any]] = None,
+                      rdzv_id: str = "none", max_restarts: int = 0, monitor_interval: float = 0.1,
+                      log_line_prefix_template: Optional[str] = None, start_method: Optional[str] = None, *,
+                      _always_launch: bool = False) -> Any:
     """Run ``function(*args)`` on ``num_processes`` processes of this machine (default: one per GPU, else 1).
 
     ``function`` is any callable (a function, a ``functools.partial``, an object with ``__call__``). Works on
@@ -150,7 +153,7 @@ def notebook_launcher(function: Callable, args=(), num_processes=None, mixed_pre
         return elastic_launch(config=config, entrypoint=function)(*args)
 
 
-def debug_launcher(function: Callable, args=(), num_processes: int = 2):
+def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
     """Run ``function(*args)`` (any callable) on ``num_processes`` CPU processes of this machine, for tests and
     debugging: always started processes, one included, so nothing it creates stays in this process."""
     with patch_environment(**{env_name("use_cpu"): "true"}):

@@ -7,11 +7,23 @@ Fewer, larger synchronisations help on slow interconnects.
 from __future__ import annotations
 
 import contextlib
+from typing import Any, ContextManager, Optional, Protocol
 
 import torch
 import torch.distributed as dist
 
 __all__ = ["LocalSGD"]
+
+
+class _PreparingAccelerator(Protocol):
+    """What ``LocalSGD`` asks of the ``Accelerator`` (a room above this one: named by what it does, not imported)."""
+
+    gradient_accumulation_steps: int
+    use_distributed: bool
+
+    def no_sync(self, model: torch.nn.Module) -> ContextManager[Any]: ...
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
 
 class LocalSGD:
@@ -24,7 +36,8 @@ class LocalSGD:
         enabled: when False the block trains as usual (handy to switch it off by configuration).
     """
 
-    def __init__(self, accelerator, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True):
+    def __init__(self, accelerator: _PreparingAccelerator, model: torch.nn.Module, local_sgd_steps: int,
+                 enabled: bool = True):
         if not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
             raise ValueError(f"local_sgd_steps must be an int >= 1, got {local_sgd_steps!r}.")
         if enabled and accelerator.gradient_accumulation_steps > 1:
@@ -37,13 +50,13 @@ class LocalSGD:
         self.num_steps = 0
         self._stack = None
 
-    def __enter__(self):
+    def __enter__(self) -> LocalSGD:
         if self.enabled:
             self._stack = contextlib.ExitStack()
             self._stack.enter_context(self.accelerator.no_sync(self.model))
         return self
 
-    def __exit__(self, exc_type, exc_value, traceback):
+    def __exit__(self, exc_type: Optional[type], exc_value: Optional[BaseException], traceback: Any) -> bool:
         if self.enabled:
             try:
                 if exc_type is None:

@@ -6,6 +6,7 @@ log one after the other, in rank order.
 from __future__ import annotations
 
 import logging
+from typing import Any, Optional
 
 from .core.env_aliases import get_setting
 from .state import PartialState
@@ -21,7 +22,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         state = PartialState()
         return not main_process_only or state.is_main_process
 
-    def log(self, level, msg, *args, **kwargs):
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
         main_process_only = kwargs.pop("main_process_only", True)
         in_order = kwargs.pop("in_order", False)
         kwargs.setdefault("stacklevel", 2)
@@ -46,7 +47,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             msg, kwargs = self.process(msg, kwargs)
             self.logger.log(level, msg, *args, **kwargs)
 
-    def warning_once(self, *args, **kwargs):
+    def warning_once(self, *args: Any, **kwargs: Any) -> None:
         """``warning`` that is emitted only once per message."""
         key = (args, tuple(sorted(kwargs.items())))
         if key not in _WARNED:
@@ -57,7 +58,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 _WARNED: set = set()
 
 
-def get_logger(name: str, log_level: str = None) -> MultiProcessAdapter:
+def get_logger(name: str, log_level: Optional[str] = None) -> MultiProcessAdapter:
     """A logger for ``name`` whose calls take ``main_process_only`` (default True) and ``in_order``.
 
     ``log_level`` (or the ``HASTEN_LOG_LEVEL`` / ``ACCELERATE_LOG_LEVEL`` environment variable) sets the level

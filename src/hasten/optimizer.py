@@ -6,14 +6,17 @@ scaler, and ``step_was_skipped`` tells whether an fp16 overflow made it skip.
 """
 from __future__ import annotations
 
+from typing import Any, Callable, Optional
+
 import torch
 
+from .core.aliases import Device, NestedData
 from .state import GradientState, PartialState
 
 __all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]
 
 
-def move_to_device(state, device):
+def move_to_device(state: NestedData, device: Device) -> NestedData:
     """``state`` (an optimizer state: nested dicts / lists / tuples of tensors) with every tensor moved to
     ``device``; containers keep their type, other values are returned as they are."""
     from .collectives.operations import _rebuild_mapping, honor_type
@@ -27,18 +30,19 @@ def move_to_device(state, device):
     return state
 
 
-def patch_optimizer_step(accelerated_optimizer, method):
+def patch_optimizer_step(accelerated_optimizer: AcceleratedOptimizer,
+                         method: Callable[..., Any]) -> Callable[..., Any]:
     """``method`` (an optimizer's ``step``) wrapped to record, as ``accelerated_optimizer._accelerate_step_called
     = True``, that it ran: a scaler that skips the step on fp16 overflow never calls it."""
 
-    def patched_step(*args, **kwargs):
+    def patched_step(*args: Any, **kwargs: Any) -> Any:
         accelerated_optimizer._accelerate_step_called = True
         return method(*args, **kwargs)
 
     return patched_step
 
 
-def move_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: Device) -> None:
     """Move the optimizer's per-parameter state tensors (e.g. Adam moments) to ``device``, in place.
 
     Scalar ``step`` counters stay where they are (on the CPU), as PyTorch's optimizers expect.
@@ -58,7 +62,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         scaler: a ``torch.amp.GradScaler`` for fp16 training; steps go through it.
     """
 
-    def __init__(self, optimizer, device_placement=True, scaler=None):
+    def __init__(self, optimizer: torch.optim.Optimizer, device_placement: bool = True,
+                 scaler: Optional[torch.amp.GradScaler] = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"AcceleratedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}.")
         self.optimizer = optimizer
@@ -71,46 +76,46 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     # The wrapped optimizer's attributes, seen through the wrapper.
     @property
-    def state(self):
+    def state(self) -> dict[Any, Any]:
         return self.optimizer.state
 
     @state.setter
-    def state(self, value):
+    def state(self, value: dict[Any, Any]) -> None:
         self.optimizer.state = value
 
     @property
-    def param_groups(self):
+    def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
     @param_groups.setter
-    def param_groups(self, value):
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
         self.optimizer.param_groups = value
 
     @property
-    def defaults(self):
+    def defaults(self) -> dict[str, Any]:
         return self.optimizer.defaults
 
     @defaults.setter
-    def defaults(self, value):
+    def defaults(self, value: dict[str, Any]) -> None:
         self.optimizer.defaults = value
 
-    def add_param_group(self, param_group):
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.optimizer.add_param_group(param_group)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state_dict)
         if self.device_placement and PartialState._shared_state:
             move_optimizer_state(self.optimizer, PartialState().device)
 
-    def zero_grad(self, set_to_none: bool = True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients, except while accumulating."""
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def step(self, closure=None):
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Take the optimizer step when gradients are synchronised; a no-op while accumulating."""
         if not self.gradient_state.sync_gradients:
             self._is_overflow = False
@@ -130,12 +135,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Whether the last ``step()`` was skipped because of an fp16 gradient overflow."""
         return self._is_overflow
 
-    def train(self):
+    def train(self) -> None:
         """Switch schedule-free style optimizers to training mode (no-op for others)."""
         if hasattr(self.optimizer, "train"):
             self.optimizer.train()
 
-    def eval(self):
+    def eval(self) -> None:
         """Switch schedule-free style optimizers to evaluation mode (no-op for others)."""
         if hasattr(self.optimizer, "eval"):
             self.optimizer.eval()

@@ -8,6 +8,11 @@ the other processes stay clean. ``tqdm`` is a plain ``tqdm.auto.tqdm`` disabled 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+if TYPE_CHECKING:
+    from tqdm.auto import tqdm as Tqdm
 
 __all__ = ["progress_bar", "tqdm"]
 
@@ -25,7 +30,8 @@ def _stdout_is_a_terminal() -> bool:
         return False
 
 
-def progress_bar(iterable=None, *, total=None, desc=None, unit="it", **kwargs):
+def progress_bar(iterable: Optional[Iterable[Any]] = None, *, total: Optional[float] = None, desc: Optional[str] = None,
+                 unit: str = "it", **kwargs: Any) -> Union[Tqdm, Iterable[Any], None]:
     """A ``tqdm`` bar over ``iterable``, disabled off the local main process and when stdout is not a terminal.
     Without tqdm installed, ``iterable`` itself."""
     try:
@@ -36,7 +42,7 @@ def progress_bar(iterable=None, *, total=None, desc=None, unit="it", **kwargs):
     return _tqdm(iterable, total=total, desc=desc, unit=unit, disable=disable, **kwargs)
 
 
-def tqdm(*args, main_process_only: bool = True, **kwargs):
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Tqdm:
     """``tqdm.auto.tqdm(*args, **kwargs)``, disabled on every process but the main one (per machine).
 
     With ``main_process_only=False`` every process shows its bar.

@@ -7,7 +7,13 @@ the reference library; ``Accelerator.prepare`` says so in the log once, because 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Union
+
 from .state import AcceleratorState, GradientState, PartialState
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["AcceleratedScheduler"]
 
@@ -24,7 +30,8 @@ class AcceleratedScheduler:
             optimizer step) or give each process whole batches (``num_processes`` scheduler steps).
     """
 
-    def __init__(self, scheduler, optimizers, step_with_optimizer: bool = True, split_batches: bool = False):
+    def __init__(self, scheduler: Any, optimizers: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]],
+                 step_with_optimizer: bool = True, split_batches: bool = False):
         if not hasattr(scheduler, "step"):
             raise TypeError(f"AcceleratedScheduler wraps a learning-rate scheduler, got {type(scheduler).__name__}.")
         self.scheduler = scheduler
@@ -43,7 +50,7 @@ class AcceleratedScheduler:
             return AcceleratorState().num_processes
         return PartialState().num_processes if PartialState._shared_state else 1
 
-    def step(self, *args, **kwargs):
+    def step(self, *args: Any, **kwargs: Any) -> None:
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
@@ -64,19 +71,19 @@ class AcceleratedScheduler:
             self.scheduler.step(*args, **kwargs)
 
     # Everything else is the wrapped scheduler's.
-    def get_last_lr(self):
+    def get_last_lr(self) -> list:
         return self.scheduler.get_last_lr()
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return self.scheduler.state_dict()
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state_dict)
 
-    def get_lr(self):
+    def get_lr(self) -> list:
         return self.scheduler.get_lr()
 
-    def print_lr(self, *args, **kwargs):
+    def print_lr(self, *args: Any, **kwargs: Any) -> Any:
         return self.scheduler.print_lr(*args, **kwargs)
 
     def __getattr__(self, name):

@@ -16,7 +16,7 @@ import logging
 import os
 import struct
 import sys
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -34,7 +34,7 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def resolve_checkpoint_files(checkpoint) -> list[str]:
+def resolve_checkpoint_files(checkpoint: Union[str, os.PathLike]) -> list[str]:
     """The weight files of ``checkpoint``: a state-dict file, a sharded index ``.json``, or a folder holding
     ``model.safetensors`` / ``pytorch_model.bin`` or exactly one ``*.index.json`` and its shards. Every file is
     checked to exist before anything is read."""
@@ -185,6 +185,6 @@ class TorchFile:
         self._state = None
 
 
-def open_checkpoint(path: str):
+def open_checkpoint(path: str) -> Union[SafetensorsFile, TorchFile]:
     """A reader with ``keys()`` and ``tensors(names)`` for one checkpoint file."""
     return SafetensorsFile(path) if path.endswith(".safetensors") else TorchFile(path)

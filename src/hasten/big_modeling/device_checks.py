@@ -1,14 +1,17 @@
 """What a device map may name as a device, checked before anything is moved or loaded."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
+from ..core.aliases import Device
 from .device_memory import accelerator_count, accelerator_type
 
 _NAMED = ("cpu", "disk", "meta", "mps")
 
 
-def check_device_value(value, where: str = "") -> None:
+def check_device_value(value: Device, where: str = "") -> None:
     """Raise a ValueError unless ``value`` is a device a device map may use: an int (accelerator index),
     ``"cpu"``, ``"disk"``, ``"meta"``, ``"mps"``, a device string such as ``"cuda:1"``, or a ``torch.device``."""
     if isinstance(value, bool):
@@ -33,14 +36,14 @@ def check_device_value(value, where: str = "") -> None:
     )
 
 
-def to_torch_device(value) -> torch.device:
+def to_torch_device(value: Device) -> torch.device:
     """A device-map value as a ``torch.device`` (ints are indices of this machine's accelerator)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return torch.device(accelerator_type() or "cuda", value)
     return torch.device(value)
 
 
-def require_present(device_map: dict) -> None:
+def require_present(device_map: Mapping[str, Device]) -> None:
     """Raise before loading if the map uses an accelerator this machine does not have."""
     count = accelerator_count()
     kind = accelerator_type()

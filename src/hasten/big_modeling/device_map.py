@@ -6,9 +6,12 @@ import gc
 import logging
 import warnings
 from collections import OrderedDict
-from typing import Optional
+from typing import Optional, Union
 
+import torch
 import torch.nn as nn
+
+from ..core.aliases import Device
 
 from .device_checks import check_device_value
 from .planner import DevicePlanner
@@ -23,7 +26,7 @@ def infer_auto_device_map(
     model: nn.Module,
     max_memory: Optional[dict] = None,
     no_split_module_classes: Optional[list[str]] = None,
-    dtype=None,
+    dtype: Optional[Union[str, torch.dtype]] = None,
     special_dtypes: Optional[dict] = None,
     verbose: bool = False,
     clean_result: bool = True,
@@ -145,7 +148,7 @@ def _has_device(name: str, device_map: dict) -> bool:
     return any(".".join(parts[:end]) in device_map for end in range(1, len(parts) + 1))
 
 
-def device_of(name: str, device_map: dict):
+def device_of(name: str, device_map: dict) -> Device:
     """The device the map gives to the tensor or module ``name`` (its longest listed prefix); KeyError if none."""
     parts = name.split(".")
     for end in range(len(parts), 0, -1):

@@ -6,6 +6,7 @@ import logging
 import psutil
 import torch
 
+from ..core.aliases import Device
 from ..state import accelerator_type  # noqa: F401  (re-exported for the planner's modules)
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def available_memory() -> dict:
     return memory
 
 
-def empty_cache(device) -> None:
+def empty_cache(device: Device) -> None:
     """Release cached blocks of ``device``'s allocator (no-op for the CPU, meta and the disk)."""
     kind = device if isinstance(device, str) else getattr(device, "type", None)
     if isinstance(device, int):

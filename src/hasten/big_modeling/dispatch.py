@@ -47,7 +47,8 @@ def cpu_offload(model: nn.Module, execution_device: Optional[torch.device] = Non
 
 
 def cpu_offload_with_hook(model: nn.Module, execution_device: Optional[Union[int, str, torch.device]] = None,
-                          prev_module_hook: Optional[UserCpuOffloadHook] = None):
+                          prev_module_hook: Optional[UserCpuOffloadHook] = None,
+                          ) -> tuple[nn.Module, UserCpuOffloadHook]:
     """Keep ``model`` on the CPU until its forward, then leave it on ``execution_device`` until the returned
     hook's ``offload()`` is called (or the next model of the pipeline, given ``prev_module_hook``, runs).
 
@@ -201,7 +202,7 @@ def load_checkpoint_and_dispatch(
     no_split_module_classes: Optional[list[str]] = None,
     offload_folder: Optional[Union[str, os.PathLike]] = None,
     offload_buffers: bool = False,
-    dtype=None,
+    dtype: Optional[Union[str, torch.dtype]] = None,
     offload_state_dict: Optional[bool] = None,
     skip_keys: Optional[Union[str, list[str]]] = None,
     preload_module_classes: Optional[list[str]] = None,

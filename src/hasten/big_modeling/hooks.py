@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Mapping
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn as nn
 
 from ..collectives.operations import find_device, send_to_device
+from ..core.aliases import Device
 from .module_tensors import get_non_persistent_buffers, get_tensor, named_module_tensors
 from .offload import PrefixedDataset
 from .tensor_placement import set_module_tensor_to_device
@@ -27,6 +28,11 @@ __all__ = ["ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_fro
            "attach_align_device_hook_on_blocks", "CpuOffload", "UserCpuOffloadHook"]
 
 _META = torch.device("meta")
+
+# What ``pre_forward`` returns: the positional and keyword arguments the forward will get.
+ForwardArguments = tuple[tuple[Any, ...], dict[str, Any]]
+# data pointer of a tied weight -> {device: its copy there}, shared by the hooks of one model
+TiedParamsMap = dict[int, dict[Device, torch.Tensor]]
 # attributes dispatch_model adds to a model (guarded .to/.cuda); removing the hook removes them too
 _ADDED_ATTRIBUTES = ("to", "cuda", "npu", "xpu", "mlu", "sdaa", "musa")
 
@@ -43,11 +49,11 @@ class ModelHook:
         """Called when the hook is attached; returns the module."""
         return module
 
-    def pre_forward(self, module: nn.Module, *args, **kwargs):
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> ForwardArguments:
         """Called before forward; returns the (possibly changed) ``(args, kwargs)``."""
         return args, kwargs
 
-    def post_forward(self, module: nn.Module, output):
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
         """Called after forward; returns the (possibly changed) output."""
         return output
 
@@ -62,22 +68,22 @@ class SequentialHook(ModelHook):
     def __init__(self, *hooks: ModelHook):
         self.hooks = hooks
 
-    def init_hook(self, module):
+    def init_hook(self, module: nn.Module) -> nn.Module:
         for hook in self.hooks:
             module = hook.init_hook(module)
         return module
 
-    def pre_forward(self, module, *args, **kwargs):
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> ForwardArguments:
         for hook in self.hooks:
             args, kwargs = hook.pre_forward(module, *args, **kwargs)
         return args, kwargs
 
-    def post_forward(self, module, output):
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
         for hook in self.hooks:
             output = hook.post_forward(module, output)
         return output
 
-    def detach_hook(self, module):
+    def detach_hook(self, module: nn.Module) -> nn.Module:
         for hook in self.hooks:
             module = hook.detach_hook(module)
         return module
@@ -166,10 +172,10 @@ class AlignDevicesHook(ModelHook):
             a device once, not once per name.
     """
 
-    def __init__(self, execution_device: Optional[Union[int, str, torch.device]] = None, offload: bool = False,
-                 io_same_device: bool = False, weights_map: Optional[Mapping] = None, offload_buffers: bool = False,
-                 place_submodules: bool = False, skip_keys: Optional[Union[str, list[str]]] = None,
-                 tied_params_map: Optional[dict] = None):
+    def __init__(self, execution_device: Optional[Device] = None, offload: bool = False,
+                 io_same_device: bool = False, weights_map: Optional[Mapping[str, torch.Tensor]] = None,
+                 offload_buffers: bool = False, place_submodules: bool = False,
+                 skip_keys: Optional[Union[str, list[str]]] = None, tied_params_map: Optional[TiedParamsMap] = None):
         self.execution_device = execution_device
         self.offload = offload
         self.io_same_device = io_same_device
@@ -194,7 +200,7 @@ class AlignDevicesHook(ModelHook):
         return [name for name, _ in named_module_tensors(module, include_buffers=self.offload_buffers,
                                                           recurse=self.place_submodules, remove_non_persistent=True)]
 
-    def init_hook(self, module):
+    def init_hook(self, module: nn.Module) -> nn.Module:
         if self.execution_device in ("meta", _META):
             self.tied_params_map = None  # nothing real to share on meta
         if not self.offload:
@@ -221,7 +227,7 @@ class AlignDevicesHook(ModelHook):
                                             tied_params_map=self.tied_params_map, clear_cache=False)
         return module
 
-    def pre_forward(self, module, *args, **kwargs):
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> ForwardArguments:
         if self.io_same_device:
             self.input_device = find_device([args, kwargs])
         if self.offload:
@@ -238,7 +244,7 @@ class AlignDevicesHook(ModelHook):
         return (send_to_device(args, self.execution_device),
                 send_to_device(kwargs, self.execution_device, skip_keys=self.skip_keys))
 
-    def post_forward(self, module, output):
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
         if self.offload:
             for name in self._offloaded(module):
                 set_module_tensor_to_device(module, name, "meta", clear_cache=False)
@@ -249,7 +255,7 @@ class AlignDevicesHook(ModelHook):
             output = send_to_device(output, self.input_device, skip_keys=self.skip_keys)
         return output
 
-    def detach_hook(self, module):
+    def detach_hook(self, module: nn.Module) -> nn.Module:
         if self.offload:
             for name, device in self.original_devices.items():
                 if device != _META:
@@ -260,8 +266,10 @@ class AlignDevicesHook(ModelHook):
         return module
 
 
-def attach_execution_device_hook(module: nn.Module, execution_device, skip_keys=None,
-                                 preload_module_classes: Optional[list[str]] = None, tied_params_map=None) -> None:
+def attach_execution_device_hook(module: nn.Module, execution_device: Device,
+                                 skip_keys: Optional[Union[str, list[str]]] = None,
+                                 preload_module_classes: Optional[list[str]] = None,
+                                 tied_params_map: Optional[TiedParamsMap] = None) -> None:
     """Give every submodule that has weights a hook that moves its inputs to ``execution_device`` (no offload)."""
     if not hasattr(module, "_hf_hook") and len(module.state_dict()) > 0:
         add_hook_to_module(module, AlignDevicesHook(execution_device, skip_keys=skip_keys, tied_params_map=tied_params_map))
@@ -272,9 +280,11 @@ def attach_execution_device_hook(module: nn.Module, execution_device, skip_keys=
                                      preload_module_classes=preload_module_classes, tied_params_map=tied_params_map)
 
 
-def attach_align_device_hook(module: nn.Module, execution_device=None, offload: bool = False, weights_map=None,
-                             offload_buffers: bool = False, module_name: str = "", skip_keys=None,
-                             preload_module_classes: Optional[list[str]] = None, tied_params_map=None) -> None:
+def attach_align_device_hook(module: nn.Module, execution_device: Optional[Device] = None, offload: bool = False,
+                             weights_map: Optional[Mapping[str, torch.Tensor]] = None, offload_buffers: bool = False,
+                             module_name: str = "", skip_keys: Optional[Union[str, list[str]]] = None,
+                             preload_module_classes: Optional[list[str]] = None,
+                             tied_params_map: Optional[TiedParamsMap] = None) -> None:
     """Give every submodule with weights of its own an ``AlignDevicesHook`` (offloading them if ``offload``).
 
     Instances of ``preload_module_classes`` get one hook for their whole subtree, which loads all their
@@ -300,9 +310,14 @@ def attach_align_device_hook(module: nn.Module, execution_device=None, offload: 
                                  tied_params_map=tied_params_map)
 
 
-def attach_align_device_hook_on_blocks(module: nn.Module, execution_device=None, offload=False, weights_map=None,
-                                       offload_buffers: bool = False, module_name: str = "", skip_keys=None,
-                                       preload_module_classes: Optional[list[str]] = None, tied_params_map=None) -> None:
+def attach_align_device_hook_on_blocks(module: nn.Module,
+                                       execution_device: Optional[Union[Device, Mapping[str, Device]]] = None,
+                                       offload: Union[bool, Mapping[str, bool]] = False,
+                                       weights_map: Optional[Mapping[str, torch.Tensor]] = None,
+                                       offload_buffers: bool = False, module_name: str = "",
+                                       skip_keys: Optional[Union[str, list[str]]] = None,
+                                       preload_module_classes: Optional[list[str]] = None,
+                                       tied_params_map: Optional[TiedParamsMap] = None) -> None:
     """Attach the hooks a device map needs, block by block.
 
     ``execution_device`` and ``offload`` are one value for the whole module or dicts keyed by block name (the
@@ -360,8 +375,8 @@ class CpuOffload(ModelHook):
     (call ``UserCpuOffloadHook.offload()`` to send it back). ``prev_module_hook`` offloads the previous model of
     a pipeline just before this one runs."""
 
-    def __init__(self, execution_device: Optional[Union[str, int, torch.device]] = None,
-                 prev_module_hook: Optional["UserCpuOffloadHook"] = None):
+    def __init__(self, execution_device: Optional[Device] = None,
+                 prev_module_hook: Optional[UserCpuOffloadHook] = None):
         self.prev_module_hook = prev_module_hook
         if execution_device is None:
             from ..state import PartialState
@@ -369,10 +384,10 @@ class CpuOffload(ModelHook):
             execution_device = PartialState().default_device
         self.execution_device = execution_device
 
-    def init_hook(self, module):
+    def init_hook(self, module: nn.Module) -> nn.Module:
         return module.to("cpu")
 
-    def pre_forward(self, module, *args, **kwargs):
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> ForwardArguments:
         if isinstance(self.prev_module_hook, UserCpuOffloadHook):
             previous = next(self.prev_module_hook.model.parameters(), None)
             if previous is not None and previous.device != torch.device("cpu"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Iterator
 from typing import Optional, Union
 
 import torch
@@ -20,7 +21,7 @@ def _include_buffers_default() -> bool:
 
 
 @contextlib.contextmanager
-def init_empty_weights(include_buffers: Optional[bool] = None):
+def init_empty_weights(include_buffers: Optional[bool] = None) -> Iterator[None]:
     """Create models with all parameters (and, with ``include_buffers``, buffers) on the meta device.
 
     The model has shapes and dtypes but no data: plan it with ``infer_auto_device_map`` and fill it with
@@ -34,7 +35,7 @@ def init_empty_weights(include_buffers: Optional[bool] = None):
 
 
 @contextlib.contextmanager
-def init_on_device(device: Union[torch.device, str], include_buffers: Optional[bool] = None):
+def init_on_device(device: Union[torch.device, str], include_buffers: Optional[bool] = None) -> Iterator[None]:
     """Create models with all parameters on ``device``; buffers too with ``include_buffers`` (default: off, or
     the ``HASTEN_INIT_INCLUDE_BUFFERS`` environment variable).
 
@@ -53,7 +54,7 @@ def init_on_device(device: Union[torch.device, str], include_buffers: Optional[b
     original_register = nn.Module.register_parameter
     moved: dict[int, tuple[weakref.ref, nn.Parameter]] = {}  # id(original) -> (weak ref to it, its moved copy)
 
-    def register_on_device(module: nn.Module, name: str, param: Optional[nn.Parameter]):
+    def register_on_device(module: nn.Module, name: str, param: Optional[nn.Parameter]) -> None:
         original_register(module, name, param)
         if param is None or param.device == device:
             return  # e.g. ``self.b.weight = self.a.weight``: already moved, keep the very same object (the tie)

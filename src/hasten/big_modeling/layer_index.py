@@ -1,6 +1,10 @@
 """The largest never-split layer below each module, memoised so device planning can ask again and again cheaply."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Union
+
+import torch
 import torch.nn as nn
 
 
@@ -12,12 +16,12 @@ class LayerIndex:
     walk of every subtree (the planner asks after every split).
     """
 
-    def __init__(self, module_sizes: dict, no_split: list[str]):
+    def __init__(self, module_sizes: dict[str, float], no_split: list[str]):
         self.sizes = module_sizes
         self.no_split = set(no_split)
         self._memo: dict[str, tuple[float, list[str]]] = {}
 
-    def best(self, name: str, obj) -> tuple[float, list[str]]:
+    def best(self, name: str, obj: Union[nn.Module, torch.Tensor]) -> tuple[float, list[str]]:
         found = self._memo.get(name)
         if found is not None:
             return found
@@ -29,7 +33,8 @@ class LayerIndex:
         self._memo[name] = found
         return found
 
-    def over(self, entries, modules_only: bool = False) -> tuple[float, list[str]]:
+    def over(self, entries: Iterable[tuple[str, Union[nn.Module, torch.Tensor]]],
+             modules_only: bool = False) -> tuple[float, list[str]]:
         """Largest layer among ``entries`` (``(name, obj)`` pairs); ``modules_only`` ignores bare tensors."""
         top, names = 0, []
         for name, obj in entries:

@@ -12,13 +12,13 @@ import functools
 import logging
 import re
 import sys
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
 
 from ..core.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
-from .hooks import ModelHook, add_hook_to_module
+from .hooks import ForwardArguments, ModelHook, add_hook_to_module
 
 __all__ = ["LayerwiseCastingHook", "attach_layerwise_casting_hooks"]
 
@@ -64,12 +64,12 @@ class LayerwiseCastingHook(ModelHook):
         return module
 
     @_not_compiled
-    def pre_forward(self, module: nn.Module, *args, **kwargs):
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> ForwardArguments:
         module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
         return args, kwargs
 
     @_not_compiled
-    def post_forward(self, module: nn.Module, output):
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return output
 

@@ -14,6 +14,7 @@ from typing import Optional, Union
 
 import torch
 
+from ..core.aliases import Device
 from .module_tensors import tensor_bytes_view
 from .tensor_placement import set_module_tensor_to_device
 
@@ -154,8 +155,9 @@ class OffloadedWeightsLoader(Mapping):
     a safetensors checkpoint. Values are read on each access, so nothing stays in RAM between forwards.
     """
 
-    def __init__(self, state_dict: Optional[dict] = None, save_folder: Optional[Union[str, os.PathLike]] = None,
-                 index: Optional[Mapping] = None, device=None):
+    def __init__(self, state_dict: Optional[dict[str, torch.Tensor]] = None,
+                 save_folder: Optional[Union[str, os.PathLike]] = None, index: Optional[Mapping[str, dict]] = None,
+                 device: Optional[Device] = None):
         if state_dict is None and save_folder is None and index is None:
             raise ValueError("OffloadedWeightsLoader needs a state_dict, a save_folder or an index of offloaded weights.")
         self.state_dict = {} if state_dict is None else state_dict

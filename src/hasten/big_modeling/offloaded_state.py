@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Optional, Union
 
 import torch
@@ -39,7 +40,8 @@ def has_offloaded_params(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def align_module_device(module: nn.Module, execution_device: Optional[Union[int, str, torch.device]] = None):
+def align_module_device(module: nn.Module,
+                        execution_device: Optional[Union[int, str, torch.device]] = None) -> Iterator[None]:
     """Within the block, ``module``'s offloaded weights are real, on its hook's execution device (or on
     ``execution_device`` when given); afterwards they are offloaded again.
 

@@ -20,6 +20,9 @@ import logging
 import warnings
 from collections import OrderedDict, deque
 
+from typing import Optional, Union
+
+import torch
 import torch.nn as nn
 
 from .layer_index import LayerIndex
@@ -47,7 +50,8 @@ def _splittable_children(obj, name: str, no_split: set) -> list | None:
 class DevicePlanner:
     """One planning run; see ``infer_auto_device_map`` for the arguments."""
 
-    def __init__(self, model: nn.Module, max_memory: dict, no_split: list[str], dtype, special_dtypes,
+    def __init__(self, model: nn.Module, max_memory: dict, no_split: list[str],
+                 dtype: Optional[Union[str, torch.dtype]], special_dtypes: Optional[dict[str, Union[str, torch.dtype]]],
                  verbose: bool, offload_buffers: bool, fallback_allocation: bool):
         self.max_memory = max_memory
         self.devices = list(max_memory) + ([] if "disk" in max_memory else ["disk"])

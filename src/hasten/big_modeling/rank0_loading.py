@@ -6,10 +6,13 @@ checkpoint raises the same error everywhere instead of leaving the other ranks w
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch.distributed as dist
+import torch.nn as nn
 
 
-def load_from_rank0(model, open_and_check, full_state_dict: bool) -> None:
+def load_from_rank0(model: nn.Module, open_and_check: Callable[[], tuple[Any, ...]], full_state_dict: bool) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     if not (dist.is_available() and dist.is_initialized()):

@@ -121,7 +121,9 @@ def _unique_tensors(walk, kind: str):
             yield prefix, (f"{prefix}.{key}" if prefix else key), tensor
 
 
-def compute_module_sizes(model: nn.Module, dtype=None, special_dtypes=None, buffers_only: bool = False):
+def compute_module_sizes(model: nn.Module, dtype: Optional[Union[str, torch.dtype]] = None,
+                         special_dtypes: Optional[dict[str, Union[str, torch.dtype]]] = None,
+                         buffers_only: bool = False) -> dict[str, Union[int, float]]:
     """Bytes of every submodule and tensor of ``model``, keyed by dotted name (``""`` is the whole model).
 
     ``dtype`` is the dtype the weights will be loaded in (floating tensors never grow: the smaller of the two
@@ -160,7 +162,9 @@ def _prefixes(module_name: str) -> list[str]:
     return [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def compute_module_total_buffer_size(model: nn.Module, dtype=None, special_dtypes=None):
+def compute_module_total_buffer_size(model: nn.Module, dtype: Optional[Union[str, torch.dtype]] = None,
+                                     special_dtypes: Optional[dict[str, Union[str, torch.dtype]]] = None,
+                                     ) -> Union[int, float]:
     """Bytes of all the buffers of ``model``."""
     return compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True).get("", 0)
 
@@ -172,7 +176,9 @@ def _is_layer(module, no_split_module_classes) -> bool:
     return module.__class__.__name__ in no_split_module_classes or next(module.children(), None) is None
 
 
-def get_max_layer_size(modules: list, module_sizes: dict, no_split_module_classes: list[str]):
+def get_max_layer_size(modules: list[tuple[str, Union[nn.Module, torch.Tensor]]],
+                       module_sizes: dict[str, Union[int, float]],
+                       no_split_module_classes: list[str]) -> tuple[Union[int, float], list[str]]:
     """The size of the largest layer among ``modules`` (``(name, module)`` pairs) and the names of the layers of
     that size, in model order. A layer is a module without children or whose class is in
     ``no_split_module_classes``."""
@@ -245,7 +251,9 @@ def get_max_memory(max_memory: Optional[dict] = None) -> dict:
 
 
 def get_balanced_memory(model: nn.Module, max_memory: Optional[dict] = None, no_split_module_classes: Optional[list[str]] = None,
-                        dtype=None, special_dtypes=None, low_zero: bool = False) -> dict:
+                        dtype: Optional[Union[str, torch.dtype]] = None,
+                        special_dtypes: Optional[dict[str, Union[str, torch.dtype]]] = None,
+                        low_zero: bool = False) -> dict:
     """A ``max_memory`` for ``infer_auto_device_map`` that spreads the model evenly over the GPUs instead of
     filling them one after the other. ``low_zero`` keeps GPU 0 as empty as possible (room for ``generate``).
 
@@ -325,7 +333,7 @@ def _as_class_names(classes) -> list[str]:
     return list(classes)
 
 
-def calculate_maximum_sizes(model: nn.Module):
+def calculate_maximum_sizes(model: nn.Module) -> tuple[Union[int, float], tuple[Union[int, float], list[str]]]:
     """``(total bytes, (largest layer bytes, its names))`` of a model, honouring ``model._no_split_modules``."""
     sizes = compute_module_sizes(model)
     no_split = getattr(model, "_no_split_modules", None) or []
@@ -333,7 +341,7 @@ def calculate_maximum_sizes(model: nn.Module):
     return sizes[""], get_max_layer_size(top, sizes, no_split)
 
 
-def convert_bytes(size) -> str:
+def convert_bytes(size: float) -> str:
     """``size`` in bytes written in the largest unit below 1024 of it: ``convert_bytes(3 * 2**20) == "3.0 MB"``."""
     for unit in ("bytes", "KB", "MB", "GB", "TB"):
         if size < 1024.0:

@@ -10,6 +10,7 @@ from typing import Optional, Union
 import torch
 import torch.nn as nn
 
+from ..core.aliases import Device
 from .device_checks import to_torch_device
 from .device_memory import empty_cache
 from .module_tensors import owner_of
@@ -26,7 +27,7 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return (a.index or 0) == (b.index or 0) if a.type != "cpu" else True
 
 
-def as_device(device) -> torch.device:
+def as_device(device: Device) -> torch.device:
     """A device-map value (an accelerator index, ``"cpu"``, ``"cuda:1"`` ...) as a ``torch.device``."""
     return to_torch_device(device) if isinstance(device, int) and not isinstance(device, bool) else torch.device(device)
 

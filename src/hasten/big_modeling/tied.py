@@ -1,6 +1,8 @@
 """Tied parameters: one ``nn.Parameter`` reachable under several names (e.g. input embeddings and the LM head)."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 
@@ -9,7 +11,7 @@ from .module_tensors import owner_of, walk_modules
 __all__ = ["find_tied_parameters", "retie_parameters"]
 
 
-def find_tied_parameters(model: nn.Module, **kwargs) -> list[list[str]]:
+def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
     """Groups of names that refer to the same parameter object, each group sorted, groups in model order.
 
     ``[['decoder.weight', 'encoder.embed.weight']]`` for a model whose decoder reuses the embedding matrix.

@@ -23,13 +23,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Mapping
+from collections.abc import Iterator
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 from ..core.nested import is_namedtuple, leaves
-from .process_view import group_of
+from ..core.aliases import NestedData
+from .process_view import Processes, group_of
 
 __all__ = ["DistributedOperationException", "EAGER_BYTES", "collective_checks", "collective_checks_enabled",
            "set_collective_checks"]
@@ -64,7 +66,7 @@ def set_collective_checks(enabled: Optional[bool]) -> None:
 
 
 @contextlib.contextmanager
-def collective_checks(enabled: bool):
+def collective_checks(enabled: bool) -> Iterator[None]:
     """``with collective_checks(False): ...`` runs the block with the checks off (on with ``True``)."""
     global _override
     previous = _override
@@ -75,7 +77,7 @@ def collective_checks(enabled: bool):
         _override = previous
 
 
-def collective_checks_enabled(state=None) -> bool:
+def collective_checks_enabled(state: Optional[Processes] = None) -> bool:
     """Whether hasten's collectives check their inputs: ``set_collective_checks`` when it was called, else on
     unless ``HASTEN_DEBUG_MODE`` (or ``ACCELERATE_DEBUG_MODE``) is set to a false value such as ``0``.
     ``PartialState().debug = True`` turns them on too."""
@@ -95,7 +97,7 @@ def collective_checks_enabled(state=None) -> bool:
 
 
 # --------------------------------------------------------------------------------------------- signatures
-def describe(data, leaf: Callable[[torch.Tensor], str]) -> str:
+def describe(data: NestedData, leaf: Callable[[torch.Tensor], str]) -> str:
     """A compact, deterministic text of ``data``'s structure with each tensor written by ``leaf``."""
 
     if isinstance(data, torch.Tensor):
@@ -148,7 +150,7 @@ def signature(text: str) -> int:
 SAME_INPUTS = "the processes passed inputs whose structure, shapes or dtypes differ, and they must match"
 
 
-def _all_gather_flat(output: torch.Tensor, tensor: torch.Tensor, state) -> None:
+def _all_gather_flat(output: torch.Tensor, tensor: torch.Tensor, state: Processes) -> None:
     """All-gather the 1-d ``tensor`` of every rank into ``output``, rank after rank."""
     group = group_of(state)
     if hasattr(dist, "all_gather_single"):
@@ -159,7 +161,8 @@ def _all_gather_flat(output: torch.Tensor, tensor: torch.Tensor, state) -> None:
         dist.all_gather_into_tensor(output, tensor, group=group)
 
 
-def raise_mismatch(operation: str, description: str, state, hint: str = "", problem: str = SAME_INPUTS) -> None:
+def raise_mismatch(operation: str, description: str, state: Processes, hint: str = "",
+                   problem: str = SAME_INPUTS) -> None:
     """Every rank calls this after seeing different signatures: share the descriptions and raise everywhere."""
     everyone = [None] * state.num_processes
     dist.all_gather_object(everyone, (operation, description), group=group_of(state))
@@ -172,15 +175,16 @@ def raise_mismatch(operation: str, description: str, state, hint: str = "", prob
     raise DistributedOperationException(f"Cannot run `{operation}`: {problem}.\n{lines}{hint}")
 
 
-def exchange_header(operation: str, text: str, sizes: list, describe_inputs: Callable[[], str], state,
-                    hint: str = "", problem: str = SAME_INPUTS) -> list:
+def exchange_header(operation: str, text: str, sizes: list[int], describe_inputs: Callable[[], str], state: Processes,
+                    hint: str = "", problem: str = SAME_INPUTS) -> list[list[int]]:
     """All-gather ``signature(operation + text)`` with ``sizes``; return every process's sizes (a list per
     process), or raise ``DistributedOperationException`` on every process when the signatures differ."""
     return exchange_header_eager(operation, text, sizes, describe_inputs, state, hint, problem)[0]
 
 
-def exchange_header_eager(operation: str, text: str, sizes: list, describe_inputs: Callable[[], str], state,
-                          hint: str = "", problem: str = SAME_INPUTS, payload: Optional[torch.Tensor] = None):
+def exchange_header_eager(operation: str, text: str, sizes: list[int], describe_inputs: Callable[[], str],
+                          state: Processes, hint: str = "", problem: str = SAME_INPUTS,
+                          payload: Optional[torch.Tensor] = None) -> tuple[list[list[int]], Optional[torch.Tensor]]:
     """``exchange_header``, which can also carry a small ``payload`` (a 1-d uint8 tensor on ``state.device``
     of at most ``eager_bytes(world)``): returns ``(sizes per process, payloads)``, where ``payloads`` is a
     ``(world, eager_bytes(world))`` uint8 tensor when every process sent one, else None.
@@ -218,7 +222,7 @@ def exchange_header_eager(operation: str, text: str, sizes: list, describe_input
     return all_sizes.view(world, len(sizes)).tolist(), payloads
 
 
-def check_same_everywhere(operation: str, data, state, hint: str = "", extra: str = "",
+def check_same_everywhere(operation: str, data: NestedData, state: Processes, hint: str = "", extra: str = "",
                           payload: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """Raise ``DistributedOperationException`` on every rank unless all ranks pass the same structure, shapes,
     dtypes and device types (and the same ``extra`` text, such as a source rank). Returns every process's
@@ -229,7 +233,7 @@ def check_same_everywhere(operation: str, data, state, hint: str = "", extra: st
     return payloads
 
 
-def check_device_type(operation: str, data, state) -> None:
+def check_device_type(operation: str, data: NestedData, state: Processes) -> None:
     """Tensors on another kind of device than the run communicates on: a clear error (the same on every rank
     once the signatures, which hold the device type, agree)."""
     if isinstance(data, str):

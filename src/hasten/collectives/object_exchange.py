@@ -10,11 +10,13 @@ leaving the others waiting in the collective.
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from .checks import DistributedOperationException, _all_gather_flat, eager_bytes, exchange_header_eager
+from .process_view import Processes
 
 __all__ = ["gather_objects_checked", "broadcast_objects_checked"]
 
@@ -47,7 +49,7 @@ def _kind(obj) -> str:
     return f"a {type(obj).__name__}"
 
 
-def gather_objects_checked(obj, state, operation: str = "gather_object") -> list:
+def gather_objects_checked(obj: Any, state: Processes, operation: str = "gather_object") -> list:
     """Every process's ``obj``, in rank order. Every process must pass a list (or tuple), or every process
     something else; every object must pickle."""
     payload, error = _pickled(obj)
@@ -69,7 +71,7 @@ def gather_objects_checked(obj, state, operation: str = "gather_object") -> list
     return [pickle.loads(rows[rank, :length].numpy().tobytes()) for rank, length in enumerate(lengths)]
 
 
-def broadcast_objects_checked(object_list: list, from_process: int, state) -> list:
+def broadcast_objects_checked(object_list: list, from_process: int, state: Processes) -> list:
     """Replace the items of ``object_list`` with those of process ``from_process``, in place. Every process
     must pass a list of the same length and the same ``from_process``; the sender's items must pickle."""
     sending = state.process_index == from_process

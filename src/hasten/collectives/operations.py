@@ -20,11 +20,12 @@ import functools
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar, Union
 
 import torch
 import torch.distributed as dist
 
+from ..core.aliases import Device, NestedData
 from ..core.nested import honor_type, is_namedtuple
 from ..core.nested import leaves as _leaves
 from .checks import (
@@ -59,6 +60,8 @@ __all__ = [
 
 REDUCTIONS = ("mean", "sum", "max", "min", "none")
 
+F = TypeVar("F", bound=Callable[..., Any])  # a decorated collective, returned with its signature
+
 
 class CannotPadNestedTensorWarning(UserWarning):
     """``pad_across_processes`` met a nested (jagged) tensor, which it leaves as it is."""
@@ -73,11 +76,11 @@ class TensorInformation:
 
 
 # --------------------------------------------------------------------------------------------- structure
-def is_torch_tensor(tensor) -> bool:
+def is_torch_tensor(tensor: Any) -> bool:
     return isinstance(tensor, torch.Tensor)
 
 
-def is_torch_xpu_tensor(tensor) -> bool:
+def is_torch_xpu_tensor(tensor: Any) -> bool:
     """Whether ``tensor`` is a tensor on an Intel XPU."""
     return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
 
@@ -90,7 +93,7 @@ TENSOR_TYPE_TO_INT = {
 TENSOR_INT_TO_DTYPE = {code: dtype for dtype, code in TENSOR_TYPE_TO_INT.items()}
 
 
-def is_tensor_information(tensor_info) -> bool:
+def is_tensor_information(tensor_info: Any) -> bool:
     return isinstance(tensor_info, TensorInformation)
 
 
@@ -116,7 +119,9 @@ def _rebuild_mapping(original: Mapping, items: dict):
         ) from error
 
 
-def recursively_apply(func, data, *args, test_type=is_torch_tensor, error_on_other_type=False, **kwargs):
+def recursively_apply(func: Callable[..., Any], data: NestedData, *args: Any,
+                      test_type: Callable[[Any], bool] = is_torch_tensor, error_on_other_type: bool = False,
+                      **kwargs: Any) -> NestedData:
     """Apply ``func(leaf, *args, **kwargs)`` to every leaf of ``data`` for which ``test_type(leaf)`` is true.
 
     Containers (list, tuple, namedtuple, Mapping) are rebuilt with their own type. Other leaves are returned
@@ -162,24 +167,24 @@ def _tensor_leaves(data, operation: str) -> list:
     return leaves
 
 
-def get_data_structure(data):
+def get_data_structure(data: NestedData) -> NestedData:
     """``data`` with every tensor replaced by its ``TensorInformation`` (to rebuild it on another process)."""
     return recursively_apply(lambda tensor: TensorInformation(shape=tensor.shape, dtype=tensor.dtype), data)
 
 
-def get_shape(data):
+def get_shape(data: NestedData) -> NestedData:
     """``data`` with every tensor replaced by its shape as a list."""
     return recursively_apply(lambda tensor: list(tensor.shape), data)
 
 
-def initialize_tensors(data_structure, device=None):
+def initialize_tensors(data_structure: NestedData, device: Optional[Device] = None) -> NestedData:
     """Empty tensors with the structure, shapes and dtypes described by ``data_structure`` (see
     ``get_data_structure``); on ``device`` (default CPU)."""
     return recursively_apply(lambda info: torch.empty(*info.shape, dtype=info.dtype, device=device), data_structure,
                              test_type=is_tensor_information)
 
 
-def find_batch_size(data) -> int:
+def find_batch_size(data: NestedData) -> int:
     """Size of the first dimension of the first tensor found in ``data`` (depth first)."""
     if isinstance(data, (tuple, list, Mapping)) and len(data) == 0:
         raise ValueError(f"Cannot find the batch size of an empty {type(data).__name__}.")
@@ -194,7 +199,7 @@ def find_batch_size(data) -> int:
     return data.shape[0]
 
 
-def ignorant_find_batch_size(data):
+def ignorant_find_batch_size(data: NestedData) -> Optional[int]:
     """``find_batch_size``, or None where it would raise."""
     try:
         return find_batch_size(data)
@@ -202,7 +207,7 @@ def ignorant_find_batch_size(data):
         return None
 
 
-def find_device(data):
+def find_device(data: NestedData) -> Optional[torch.device]:
     """The device of the first tensor in ``data`` (depth first), or None when there is none."""
     if isinstance(data, Mapping):
         data = list(data.values())
@@ -218,7 +223,8 @@ def find_device(data):
 
 
 # --------------------------------------------------------------------------------------------- local helpers
-def send_to_device(tensor, device, non_blocking=False, skip_keys=None):
+def send_to_device(tensor: NestedData, device: Device, non_blocking: bool = False,
+                   skip_keys: Optional[Union[str, list[str]]] = None) -> NestedData:
     """Move every tensor (and every object with a ``.to`` method) in ``tensor`` to ``device``.
 
     Values under a key in ``skip_keys`` (a str or list of str) of any Mapping stay where they are; a
@@ -242,7 +248,8 @@ def send_to_device(tensor, device, non_blocking=False, skip_keys=None):
     return tensor
 
 
-def slice_tensors(data, tensor_slice, process_index=None, num_processes=None):
+def slice_tensors(data: NestedData, tensor_slice: slice, process_index: Optional[int] = None,
+                  num_processes: Optional[int] = None) -> NestedData:
     """``tensor[tensor_slice]`` for every tensor of ``data``.
 
     ``process_index`` and ``num_processes`` are unused; they make this the default ``slice_fn_for_dispatch``.
@@ -250,7 +257,7 @@ def slice_tensors(data, tensor_slice, process_index=None, num_processes=None):
     return recursively_apply(lambda tensor: tensor[tensor_slice], data)
 
 
-def concatenate(data, dim=0):
+def concatenate(data: Sequence[NestedData], dim: int = 0) -> NestedData:
     """Concatenate a list of structures that share one layout, leaf by leaf, along ``dim``.
 
     A list holding a single non-tensor item returns that item.
@@ -272,7 +279,7 @@ def concatenate(data, dim=0):
 _LOW_PRECISION_FLOATS = (torch.float16, torch.bfloat16)
 
 
-def listify(data):
+def listify(data: NestedData) -> NestedData:
     """Every tensor of ``data`` as plain Python numbers / nested lists (``tensor.tolist()``)."""
 
     def _to_list(tensor):
@@ -292,7 +299,7 @@ def _to_fp32(leaf):
     return leaf.float()
 
 
-def convert_to_fp32(tensor):
+def convert_to_fp32(tensor: NestedData) -> NestedData:
     """Every fp16 / bf16 tensor of ``tensor`` converted to fp32; everything else unchanged."""
     if type(tensor) is torch.Tensor:  # a model's usual output: no walk (this runs after every mixed-precision forward)
         return tensor.float() if tensor.dtype in _LOW_PRECISION_FLOATS else tensor
@@ -305,7 +312,7 @@ class ConvertOutputsToFp32:
     ``__wrapped__`` is the original forward (so unwrapping helpers find it); it pickles when the forward does.
     """
 
-    def __init__(self, model_forward: Callable):
+    def __init__(self, model_forward: Callable[..., Any]):
         if not callable(model_forward):
             raise TypeError(f"convert_outputs_to_fp32 takes a callable, got {type(model_forward).__name__}.")
         self.model_forward = model_forward
@@ -315,7 +322,7 @@ class ConvertOutputsToFp32:
         return convert_to_fp32(self.model_forward(*args, **kwargs))
 
 
-def convert_outputs_to_fp32(model_forward):
+def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> ConvertOutputsToFp32:
     """Wrap ``model_forward`` so that its half-precision outputs are returned in fp32."""
     return ConvertOutputsToFp32(model_forward)
 
@@ -337,7 +344,7 @@ def _check_source(from_process, state, operation: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- mismatch check
-def verify_operation(function):
+def verify_operation(function: F) -> F:
     """Decorator for a collective taking ``tensor`` first: on several processes, with the collective checks on
     (the default; see ``collective_checks_enabled``), check first that every process passes the same
     structure, shapes and dtypes, on the run's device type, and raise ``DistributedOperationException`` on
@@ -354,7 +361,7 @@ def verify_operation(function):
     return wrapper
 
 
-def chained_operation(function):
+def chained_operation(function: F) -> F:
     """Decorator: a ``DistributedOperationException`` raised inside ``function`` is re-raised naming it, with
     the original error chained."""
 
@@ -384,7 +391,7 @@ _GATHER_HINT = ("\nOnly the first dimension may differ between processes; pad ot
 
 
 @torch.no_grad()
-def gather(tensor):
+def gather(tensor: NestedData) -> NestedData:
     """All-gather every tensor of ``tensor`` from all processes and concatenate along dim 0.
 
     0-d tensors count as one element, so they come back 1-d (one value per process), in one process too.
@@ -505,7 +512,7 @@ def _gather_uneven(leaves: list, indices: list, sizes: list, gathered: list, sta
         offset += numel
 
 
-def gather_object(object: Any):
+def gather_object(object: Any) -> list[Any]:
     """All-gather picklable objects: a list (or tuple) from every process is concatenated into one list,
     any other object becomes one item per process."""
     return _gather_object(object, "gather_object")
@@ -527,7 +534,7 @@ def _gather_object(object: Any, operation: str, state=None):
 
 
 @torch.no_grad()
-def broadcast(tensor, from_process: int = 0):
+def broadcast(tensor: NestedData, from_process: int = 0) -> NestedData:
     """Copy every tensor of ``tensor`` from process ``from_process`` into the same tensors of all the others,
     in place; returns ``tensor``. Shapes and dtypes must match on every process."""
     state = _state()
@@ -560,7 +567,7 @@ def broadcast(tensor, from_process: int = 0):
     return tensor
 
 
-def broadcast_object_list(object_list, from_process: int = 0):
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """Replace, in place, the items of ``object_list`` with those of process ``from_process``; returns it.
 
     Every process must pass a list of the same length (placeholders such as None on the receivers).
@@ -587,7 +594,7 @@ def _reduce_dtype(dtype: torch.dtype, reduction: str) -> torch.dtype:
 
 
 @torch.no_grad()
-def reduce(tensor, reduction="mean", scale=1.0):
+def reduce(tensor: NestedData, reduction: str = "mean", scale: float = 1.0) -> NestedData:
     """Reduce every tensor of ``tensor`` across processes; returns new tensors, the inputs are not modified.
 
     ``reduction``: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"none"`` (no communication, a copy).
@@ -655,7 +662,7 @@ def _reduce_gathered(tensor, leaves: list, payloads: torch.Tensor, reduction: st
     return _replace_leaves(tensor, reduced)
 
 
-def pad_across_processes(tensor, dim=0, pad_index=0, pad_first=False):
+def pad_across_processes(tensor: NestedData, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> NestedData:
     """Pad every tensor of ``tensor`` along ``dim`` to the largest size any process has, so they can be
     gathered; ``pad_index`` fills the new entries, at the end or (``pad_first``) at the front.
 

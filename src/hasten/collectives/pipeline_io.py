@@ -7,8 +7,11 @@ gives it to every process without them knowing its shape in advance.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
+
+from ..core.aliases import NestedData
 
 from .operations import TENSOR_TYPE_TO_INT, _state, broadcast, gather_object, recursively_apply
 
@@ -32,7 +35,7 @@ def _source(tensor) -> tuple[int, list, torch.dtype]:
     return holders[0], shape, dtype
 
 
-def gather_tensor_shape(tensor):
+def gather_tensor_shape(tensor: Optional[torch.Tensor]) -> tuple[torch.Tensor, int]:
     """``(shape, dtype_code)`` of a tensor that only one process has (the others pass None), on every process.
 
     ``shape`` is a 1-d int64 tensor on the process's device; ``dtype_code`` is the dtype's key in
@@ -44,7 +47,7 @@ def gather_tensor_shape(tensor):
     return torch.tensor(shape, dtype=torch.int64, device=_state().device), TENSOR_TYPE_TO_INT[dtype]
 
 
-def copy_tensor_to_devices(tensor=None) -> torch.Tensor:
+def copy_tensor_to_devices(tensor: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Give every process a copy of the tensor that exists on one process only (pass None on the others).
 
     Unlike ``broadcast`` the other processes need not know its shape or dtype. Returns a new tensor on each
@@ -63,7 +66,7 @@ def copy_tensor_to_devices(tensor=None) -> torch.Tensor:
     return broadcast(buffer, from_process=source)
 
 
-def pad_input_tensors(tensor, batch_size: int, num_processes: int, dim: int = 0):
+def pad_input_tensors(tensor: NestedData, batch_size: int, num_processes: int, dim: int = 0) -> NestedData:
     """Pad every tensor of ``tensor`` (any nesting) with zeros along ``dim`` so that its ``batch_size`` entries
     split evenly over ``num_processes``: the size becomes the next multiple of ``num_processes`` (at least
     ``num_processes``), e.g. a batch of 3 for 4 processes becomes 4, a batch of 5 becomes 8.

@@ -9,11 +9,16 @@ device, the backend) for that group, and the group to pass to ``torch.distribute
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
-__all__ = ["ProcessView", "group_of"]
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from ..state import PartialState
+
+__all__ = ["ProcessView", "Processes", "group_of"]
 
 
 @dataclass(frozen=True)
@@ -40,13 +45,13 @@ class ProcessView:
         return self.process_index == 0
 
     @classmethod
-    def alone(cls, state) -> "ProcessView":
+    def alone(cls, state: Processes) -> ProcessView:
         """This process as a run of one (collectives over it are local): a save the main process makes alone."""
         return cls(group=None, num_processes=1, process_index=0, device=state.device,
                    debug=bool(getattr(state, "debug", False)))
 
     @classmethod
-    def of_group(cls, group, state) -> "ProcessView":
+    def of_group(cls, group: ProcessGroup, state: Processes) -> ProcessView:
         """The view of ``group`` from this process, with the device and debug setting of ``state``."""
         import torch.distributed as dist
 
@@ -54,7 +59,11 @@ class ProcessView:
                    device=state.device, backend=dist.get_backend(group), debug=bool(getattr(state, "debug", False)))
 
 
-def group_of(state):
+# The processes a collective runs over: the whole run (its ``PartialState``) or a sub-group (a ``ProcessView``).
+Processes = Union["PartialState", ProcessView]
+
+
+def group_of(state: Processes) -> Optional[ProcessGroup]:
     """The process group a collective over ``state`` runs on: None (the default, world group) for the run's
     own ``PartialState``, the view's group for a ``ProcessView``."""
     return getattr(state, "group", None)

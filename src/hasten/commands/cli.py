@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from types import ModuleType
 from typing import Optional, Sequence
 
 from ..core.planned import NotYetSupportedError
@@ -46,7 +47,7 @@ def _chosen(argv: Sequence[str]) -> Optional[str]:
     return argv[0] if argv and argv[0] in COMMANDS else None
 
 
-def build_parser(chosen: Optional[str] = None):
+def build_parser(chosen: Optional[str] = None) -> tuple[argparse.ArgumentParser, Optional[ModuleType]]:
     """The ``hasten`` parser; only ``chosen``'s module is imported to define its options.
 
     Returns ``(parser, module)`` where ``module`` is the chosen subcommand's module (or None).

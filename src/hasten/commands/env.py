@@ -6,6 +6,7 @@ import importlib.metadata
 import os
 import platform
 import sys
+from typing import Optional, Union
 
 from .flags import add_flag
 from .utils import command_parser
@@ -26,7 +27,7 @@ EXTRAS = {
 }
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``hasten env``."""
     parser = subparsers.add_parser("env", help="print versions, hardware and the active config file",
                                    description="Print versions, hardware and the active config file as Markdown, "
@@ -104,7 +105,7 @@ def _config_lines(config_file) -> list:
     return [f"- {label.capitalize()}: `{config_file}`", "", f"```{fence}", text, "```"]
 
 
-def environment_report(config_file=None) -> str:
+def environment_report(config_file: Optional[Union[str, os.PathLike]] = None) -> str:
     """The report as Markdown text."""
     import numpy
     import torch
@@ -130,7 +131,7 @@ def environment_report(config_file=None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """Print the report."""
     print("Copy and paste the text below into your bug report.\n")
     print(environment_report(args.config_file))
@@ -140,7 +141,7 @@ def run(args) -> int:
 env_command = run
 
 
-def env_command_parser(subparsers=None) -> argparse.ArgumentParser:
+def env_command_parser(subparsers: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
     """``hasten env``'s parser: registered on ``subparsers`` when given, else stand-alone."""
     return command_parser(add_parser, subparsers, env_command)
 

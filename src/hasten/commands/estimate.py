@@ -19,10 +19,13 @@ import importlib.util
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from .errors import CommandError
 from .utils import command_parser
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["add_parser", "run", "estimate", "build_empty_model", "format_table", "human_bytes",
            "estimate_command_parser", "estimate_command", "main", "create_empty_model", "gather_data",
@@ -32,7 +35,7 @@ DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
 DEFAULT_DTYPES = ("float32", "float16", "int8", "int4")
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "estimate-memory",
         help="estimate the memory a model needs to load and train",
@@ -66,7 +69,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     model = create_empty_model(args.model_name, getattr(args, "library_name", None),
                                getattr(args, "trust_remote_code", False), getattr(args, "access_token", None),
                                kwargs=_constructor_kwargs(args.kwargs, args.arg))
@@ -81,7 +84,7 @@ def run(args) -> int:
 estimate_command = run
 
 
-def estimate_command_parser(subparsers=None) -> argparse.ArgumentParser:
+def estimate_command_parser(subparsers: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
     """``hasten estimate-memory``'s parser: registered on ``subparsers`` when given, else stand-alone."""
     return command_parser(add_parser, subparsers, estimate_command)
 
@@ -113,8 +116,8 @@ def _constructor_kwargs(kwargs_json, pairs) -> dict:
     return kwargs
 
 
-def create_empty_model(model_name: str, library_name=None, trust_remote_code: bool = False, access_token=None, *,
-                       kwargs=None):
+def create_empty_model(model_name: str, library_name: Optional[str] = None, trust_remote_code: bool = False,
+                       access_token: Optional[str] = None, *, kwargs: Optional[dict[str, Any]] = None) -> nn.Module:
     """``model_name`` built on the meta device: a hasten spec (``module:Class``, a file, a local config or folder),
     with ``library_name="timm"`` a timm architecture, or else a Hugging Face Hub model id (``org/name``), whose
     config alone is fetched, with ``access_token`` for gated or private repositories (as Accelerate does).
@@ -219,7 +222,7 @@ def _from_timm(name: str, kwargs: dict):
         return _checked_module(timm.create_model(add_timm_hub_prefix(name), pretrained=False, **kwargs), name)
 
 
-def build_empty_model(spec: str, kwargs: dict, trust_remote_code: bool = False):
+def build_empty_model(spec: str, kwargs: dict, trust_remote_code: bool = False) -> nn.Module:
     """The model named by ``spec`` (see the module docstring), built on the meta device."""
     from hasten.big_modeling import init_empty_weights
 
@@ -348,7 +351,7 @@ def _count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def estimate(model, dtypes, no_split=None) -> list[dict]:
+def estimate(model: nn.Module, dtypes: Sequence[str], no_split: Optional[Sequence[str]] = None) -> list[dict]:
     """Per dtype: ``{"dtype", "largest_layer", "total_size", "training_adam"}`` in bytes (training None for
     integer dtypes). Floating weights take the dtype's size (never more than they have); integer tensors keep
     theirs. int8 / int4 give what ``load_and_quantize_model`` allocates with a default ``BnbQuantizationConfig``:
@@ -379,7 +382,7 @@ def estimate(model, dtypes, no_split=None) -> list[dict]:
     return rows
 
 
-def human_bytes(size) -> str:
+def human_bytes(size: Optional[float]) -> str:
     """``1536`` -> ``"1.5 KiB"``."""
     if size is None:
         return "N/A"
@@ -391,7 +394,8 @@ def human_bytes(size) -> str:
     return f"{value:.2f} PiB"
 
 
-def estimate_training_usage(bytes: int, mixed_precision: str, msamp_config=None) -> dict:  # noqa: A002
+def estimate_training_usage(bytes: int, mixed_precision: str,  # noqa: A002
+                            msamp_config: Optional[Any] = None) -> dict:
     """Training with Adam, by part, for a model of ``bytes`` in float32: ``{"model", "gradients", "optimizer",
     "step"}``, "step" being everything held at the optimizer step (16 bytes per parameter).
 
@@ -426,7 +430,7 @@ def format_table(title: str, parameters: int, rows: list[dict]) -> str:
 
 
 # ------------------------------------------------------------------ Accelerate's helpers
-def gather_data(args) -> list:
+def gather_data(args: argparse.Namespace) -> list:
     """Accelerate's rows for ``args.model_name``: ``[dtype, largest layer, total size, training by part]`` (bytes)."""
     model = create_empty_model(args.model_name, getattr(args, "library_name", None),
                                getattr(args, "trust_remote_code", False), getattr(args, "access_token", None))
@@ -435,7 +439,7 @@ def gather_data(args) -> list:
             for row in estimate(model, args.dtypes, getattr(args, "no_split", None))]
 
 
-def check_has_model(error) -> str:
+def check_has_model(error: BaseException) -> str:
     """Which library raised ``error`` on a model it could not find: ``"timm"``, ``"transformers"`` or ``"unknown"``."""
     message = str(error)
     if (isinstance(error, RuntimeError) and "Unknown model" in message) or (
@@ -454,7 +458,7 @@ def add_timm_hub_prefix(model_name: str) -> str:
     return f"hf-hub:{model_name}"
 
 
-def verify_on_hub(repo: str, token=None):
+def verify_on_hub(repo: str, token: Optional[str] = None) -> Any:
     """The Hub's model info for ``repo``, ``"gated"`` or ``"repo"`` (not found). Needs ``huggingface_hub``;
     ``hasten estimate-memory`` asks it only for a name that is no local path nor ``module:Class``."""
     from hasten.core.imports import require_extra

@@ -16,6 +16,10 @@ earliest (sub-second times, which ``run_script`` adds to the error file), then t
 from __future__ import annotations
 
 import signal
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 __all__ = ["root_cause", "precise_time", "signal_hint", "PRECISE_TIME_KEY"]
 
@@ -29,7 +33,7 @@ _DECISIVE_SIGNALS = {-int(getattr(signal, name)) for name in
                      if hasattr(signal, name)}
 
 
-def precise_time(failure) -> float:
+def precise_time(failure: ProcessFailure) -> float:
     """The failure's time: the sub-second one from its error file when there is one, else torch's timestamp."""
     data = getattr(failure, "error_file_data", None)
     try:
@@ -38,7 +42,7 @@ def precise_time(failure) -> float:
         return float(failure.timestamp)
 
 
-def root_cause(failures: dict):
+def root_cause(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
     """``(rank, failure)`` that started a failed job (see the module's docstring for the rules)."""
     candidates = {rank: f for rank, f in failures.items() if f.exitcode != _STOPPED_BY_AGENT} or dict(failures)
     start = min(float(f.timestamp) for f in candidates.values())
@@ -47,7 +51,7 @@ def root_cause(failures: dict):
     return rank, wave[rank]
 
 
-def signal_hint(rank, failure) -> str | None:
+def signal_hint(rank: int, failure: ProcessFailure) -> str | None:
     """A line on what probably sent the root cause's signal, or None when the worker did not die by one."""
     if failure.exitcode >= 0:
         return None

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+from collections.abc import Iterable
+from typing import Any, Optional, Union
 
 
 def spellings(option: str) -> list:
@@ -16,7 +18,7 @@ def spellings(option: str) -> list:
     return [option]
 
 
-def with_both_spellings(options) -> list:
+def with_both_spellings(options: Iterable[str]) -> list:
     """Every option of ``options`` followed by its dashed spelling, each once."""
     return list(dict.fromkeys(spelling for option in options for spelling in spellings(option)))
 
@@ -24,7 +26,7 @@ def with_both_spellings(options) -> list:
 GIVEN = "nondefault"  # the parsed namespace's set of the flags given on the command line (Accelerate's name)
 
 
-def recording(action, parser=None) -> type:
+def recording(action: Union[str, type[argparse.Action]], parser: Optional[argparse._ActionsContainer] = None) -> type:
     """The argparse action ``action`` (a class, or a name such as ``"store_true"`` looked up on ``parser``) that
     also adds its ``dest`` to the namespace's ``nondefault`` set when its argument is given, so that a flag given
     with its default value can be told from one left out. One class per action class, made once."""
@@ -47,7 +49,8 @@ def _recording_class(action_class: type) -> type:
     return Recording
 
 
-def add_flag(parser, name: str, *short: str, aliases=(), **kwargs) -> argparse.Action:
+def add_flag(parser: argparse._ActionsContainer, name: str, *short: str, aliases: Iterable[str] = (),
+             **kwargs: Any) -> argparse.Action:
     """Add ``--name`` (and ``--na-me`` when the name has underscores), ``aliases`` and ``short`` options (``-n``).
 
     A flag given on the command line is recorded in the namespace's ``nondefault`` set (see ``was_given``)."""
@@ -57,7 +60,7 @@ def add_flag(parser, name: str, *short: str, aliases=(), **kwargs) -> argparse.A
     return parser.add_argument(*with_both_spellings(options), **kwargs)
 
 
-def was_given(args, dest: str, default=None) -> bool:
+def was_given(args: argparse.Namespace, dest: str, default: Any = None) -> bool:
     """Whether ``args`` holds a value of its own for ``dest``: the flag was given on the command line (it is in
     ``nondefault``), or the value is neither None nor the parser's ``default`` (a namespace built or changed by
     code, which has no record of what was typed)."""

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from typing import TYPE_CHECKING, Any, NoReturn, Optional, Union
 
 from .errors import CommandError
 from .failure_summary import root_cause, signal_hint
@@ -25,6 +26,9 @@ from .launch_parallelism import add_parallelism_options
 from .launch_plan import LaunchPlan, build_plan
 from .loopback_store import launch_with_loopback_store
 from .parent_watch import LAUNCHER_PID_ENV
+
+if TYPE_CHECKING:
+    from .launch_mpi import MpiRunner
 
 __all__ = ["add_parser", "run", "launch_command_parser", "launch_command", "main", "load_launch_config", "execute",
            "CustomHelpFormatter", "clean_option", "options_to_group", "simple_launcher", "multi_gpu_launcher",
@@ -42,7 +46,7 @@ _USAGE = "%(prog)s [options] SCRIPT [script arguments ...]"
 class CustomHelpFormatter(OneSpellingHelpFormatter):
     """Accelerate's name for ``launch``'s help formatter: each flag shown once, under its underscore spelling."""
 
-    def __init__(self, *args, **kwargs):  # Accelerate's signature
+    def __init__(self, *args: Any, **kwargs: Any):  # Accelerate's signature
         super().__init__(*args, **kwargs)
 
 
@@ -52,7 +56,7 @@ options_to_group = {"multi_gpu": "processes and machines",
                        for option in group.options[:1]}}
 
 
-def clean_option(option: str):
+def clean_option(option: str) -> Optional[str]:
     """``"--num-processes"`` -> ``"num_processes"`` (the flag's name); None for a value that is not a long option."""
     if option.startswith("--"):
         return option[2:].split("=", 1)[0].replace("-", "_")
@@ -131,7 +135,7 @@ def _define(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``hasten launch`` on the ``hasten`` parser."""
     parser = subparsers.add_parser("launch", help="run a script on N processes and/or machines",
                                    description=_DESCRIPTION, formatter_class=CustomHelpFormatter,
@@ -139,7 +143,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return _define(parser)
 
 
-def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
+def launch_command_parser(subparsers: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
     """``hasten launch``'s parser: registered on ``subparsers`` when given (Accelerate's form), else stand-alone."""
     if subparsers is not None:
         parser = add_parser(subparsers)
@@ -149,7 +153,7 @@ def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
                                            formatter_class=CustomHelpFormatter, usage=_USAGE))
 
 
-def load_launch_config(config_file):
+def load_launch_config(config_file: Optional[Union[str, os.PathLike]]) -> tuple[Optional[str], Optional[dict]]:
     """``(path, settings)`` of the config file to use: the one given, else the default one if it exists."""
     try:
         from ..config import config_file as config_io
@@ -249,7 +253,7 @@ def _run_and_wait(argv: list, environ: dict) -> int:
         return 130
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """``hasten launch``: validate everything, print notes (flag overrides), then run the job."""
     path, config = load_launch_config(args.config_file)
     plan = build_plan(args, config, path)
@@ -263,7 +267,7 @@ def run(args) -> int:
     return execute(plan)
 
 
-def execute_mpi_runner(runner) -> int:
+def execute_mpi_runner(runner: MpiRunner) -> int:
     """Run ``mpirun`` (launch_mpi.py) and wait; its exit status."""
     return _run_and_wait(runner.argv, {**os.environ, **runner.env})
 
@@ -301,7 +305,7 @@ def _validate_launch_command(args):
     return args, config, sources.get("mixed_precision") == "config file"
 
 
-def launch_command(args) -> None:
+def launch_command(args: argparse.Namespace) -> None:
     """Accelerate's in-process entry point: run the job like ``hasten launch``; a job that fails raises
     ``subprocess.CalledProcessError`` with its exit status (a caller must never read a failure as success).
 
@@ -318,19 +322,19 @@ def launch_command(args) -> None:
 simple_launcher = multi_gpu_launcher = launch_command
 
 
-def deepspeed_launcher(args) -> None:
+def deepspeed_launcher(args: argparse.Namespace) -> None:
     """Accelerate's DeepSpeed launcher: ``launch_command`` with DeepSpeed switched on (``--use_deepspeed``); a job
     that fails raises ``CalledProcessError``."""
     args.use_deepspeed = True
     launch_command(args)
 
 
-def tpu_launcher(args):
+def tpu_launcher(args: argparse.Namespace) -> NoReturn:
     raise backend_not_yet_supported("TPU")
 
 
 tpu_pod_launcher = tpu_launcher
 
 
-def sagemaker_launcher(sagemaker_config, args):
+def sagemaker_launcher(sagemaker_config: Any, args: argparse.Namespace) -> NoReturn:
     raise backend_not_yet_supported("Amazon SageMaker")

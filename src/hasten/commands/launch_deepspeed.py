@@ -14,6 +14,7 @@ MPI, slurm ...). Nothing is started in this module: ``runner_command`` returns t
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -232,7 +233,7 @@ def config_fields(section: Mapping, launcher: Mapping) -> list:
     return fields
 
 
-def resolve_deepspeed(args, config: Optional[Mapping], config_path: Optional[str], enabled: bool,
+def resolve_deepspeed(args: argparse.Namespace, config: Optional[Mapping], config_path: Optional[str], enabled: bool,
                       values: Mapping, sources: Mapping) -> DeepSpeedSettings:
     """The DeepSpeed group of a launch; raises ``CommandError`` for bad input. ``values`` / ``sources`` are the
     launcher's resolved settings (gradient accumulation and mixed precision meet the section's here)."""
@@ -328,7 +329,7 @@ class DeepSpeedRunner:
     env: dict  # the workers' HASTEN_* settings: set for the runner and written to its environment file
 
 
-def runner_command(args, settings: DeepSpeedSettings, values: Mapping, port: int, env: Mapping,
+def runner_command(args: argparse.Namespace, settings: DeepSpeedSettings, values: Mapping, port: int, env: Mapping,
                    worker_module: str, installed: Optional[Callable[[], bool]] = None) -> DeepSpeedRunner:
     """``python -m deepspeed.launcher.runner ...`` for a multi-machine DeepSpeed job (nothing is started).
 

@@ -10,6 +10,7 @@ given"). What was given is in the namespace's ``nondefault`` set (``flags.add_fl
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from .flags import was_given
 
@@ -43,12 +44,12 @@ SHOWN_DEFAULTS = {**dict.fromkeys(_SWITCHES, False),
                   **_FSDP, **_MEGATRON, **_FP8, **_PARALLELISM}
 
 
-def shown_default(dest: str):
+def shown_default(dest: str) -> Any:
     """The parser's default for ``dest`` (None for a flag without one)."""
     return SHOWN_DEFAULTS.get(dest)
 
 
-def given_flags(args) -> argparse.Namespace:
+def given_flags(args: argparse.Namespace) -> argparse.Namespace:
     """A copy of ``args`` in which every value that only repeats the parser's default is None: what the launch
     reads as "not given". ``args`` itself is left as it is; a copy of a copy is the same."""
     view = argparse.Namespace(**vars(args))

@@ -9,6 +9,7 @@ starts, rather than let the script train fp8 another way. A command-line flag wi
 """
 from __future__ import annotations
 
+import argparse
 from typing import Mapping, Optional
 
 from ..config.fp8 import PLANNED_FP8_LIBRARIES, fp8_library_not_yet_supported
@@ -24,7 +25,7 @@ TORCHAO_OPTIONS = ("fp8_backend", "fp8_pad_inner_dim", "fp8_enable_fsdp_float8_a
 _BACKENDS = ("AO", "NO", *PLANNED_FP8_LIBRARIES)
 
 
-def fp8_options(args, config: Optional[Mapping] = None) -> dict:
+def fp8_options(args: argparse.Namespace, config: Optional[Mapping] = None) -> dict:
     """``{"fp8_<option>": value}``: the config file's ``fp8_config`` section, then the ``--fp8_*`` flags given."""
     section = (config or {}).get("fp8_config") or {}
     if not isinstance(section, Mapping):
@@ -37,7 +38,7 @@ def fp8_options(args, config: Optional[Mapping] = None) -> dict:
     return options
 
 
-def fp8_env(args, config: Optional[Mapping] = None) -> dict:
+def fp8_env(args: argparse.Namespace, config: Optional[Mapping] = None) -> dict:
     """The ``HASTEN_FP8_*`` variables of the torchao options given; ``NotYetSupportedError`` for another library's
     backend or recipe options, ``CommandError`` for a backend name no library has. Called before the job starts."""
     options = fp8_options(args, config)

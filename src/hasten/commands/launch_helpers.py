@@ -10,9 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Union
 
 from .flags import GIVEN
 from .launch_options import backend_not_yet_supported
+
+if TYPE_CHECKING:
+    from ..config.enums import DistributedType
 
 __all__ = ["PrepareForLaunch", "prepare_simple_launcher_cmd_env", "prepare_multi_gpu_env",
            "prepare_deepspeed_cmd_env", "prepare_tpu", "prepare_sagemager_args_inputs",
@@ -122,15 +126,15 @@ def _convert_nargs_to_dict(nargs: list) -> dict:
     return {name.lstrip("-"): _typed(words[0]) for name, words in options}
 
 
-def prepare_tpu(args: argparse.Namespace, current_env: dict, pod: bool = False):
+def prepare_tpu(args: argparse.Namespace, current_env: dict, pod: bool = False) -> NoReturn:
     raise backend_not_yet_supported("TPU")
 
 
-def prepare_sagemager_args_inputs(sagemaker_config, args: argparse.Namespace):
+def prepare_sagemager_args_inputs(sagemaker_config: Any, args: argparse.Namespace) -> NoReturn:
     raise backend_not_yet_supported("Amazon SageMaker")
 
 
-def prepare_extend_env_parallelism_config(args: argparse.Namespace, current_env: dict):
+def prepare_extend_env_parallelism_config(args: argparse.Namespace, current_env: dict) -> dict:
     from .launch_parallelism import extend_env
 
     return extend_env(args, current_env)
@@ -145,7 +149,7 @@ def setup_fp8_env(args: argparse.Namespace, current_env: dict) -> dict:
     return current_env
 
 
-def env_var_path_add(env_var_name: str, path_to_add) -> str:
+def env_var_path_add(env_var_name: str, path_to_add: Union[str, os.PathLike]) -> str:
     """The value of the path list ``env_var_name`` with ``path_to_add`` appended (the caller sets it)."""
     paths = [path for path in os.environ.get(env_var_name, "").split(os.pathsep) if path]
     return os.pathsep.join([*paths, str(path_to_add)])
@@ -160,14 +164,15 @@ class PrepareForLaunch:
     ``HASTEN_DEBUG_RDV_FILE`` (Accelerate's ``debug_launcher`` protocol).
     """
 
-    def __init__(self, launcher, distributed_type="NO", debug=False):
+    def __init__(self, launcher: Callable[..., Any], distributed_type: Union[str, DistributedType] = "NO",
+                 debug: bool = False):
         from ..config.enums import DistributedType
 
         self.launcher = launcher
         self.distributed_type = DistributedType(distributed_type)
         self.debug = debug
 
-    def __call__(self, index, *args):
+    def __call__(self, index: int, *args: Any) -> None:
         from ..config.enums import DistributedType
 
         if self.debug:

@@ -8,6 +8,7 @@ The ``mpirun`` flags follow its flavour, read from ``mpirun --version`` (Open MP
 """
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ class MpiRunner:
     env: dict
 
 
-def mpirun_hostfile(args, config: Optional[Mapping]) -> Optional[str]:
+def mpirun_hostfile(args: argparse.Namespace, config: Optional[Mapping]) -> Optional[str]:
     """``--mpirun_hostfile``, else the config file's ``mpirun_config.mpirun_hostfile`` (None: no mpirun)."""
     given = getattr(args, "mpirun_hostfile", None)
     if given is not None:
@@ -54,7 +55,8 @@ def mpirun_flavour() -> tuple:
     return "mpirun", "-f", "-n", "-ppn", "--bind-to"
 
 
-def mpirun_command(args, values: Mapping, hostfile: str, port: Optional[int], env: Mapping) -> MpiRunner:
+def mpirun_command(args: argparse.Namespace, values: Mapping, hostfile: str, port: Optional[int],
+                   env: Mapping) -> MpiRunner:
     """The ``mpirun ... python script args`` call for the resolved launch ``values`` (nothing is started)."""
     if not values.get("cpu"):
         raise CommandError("mpirun_config / --mpirun_hostfile launch multi-CPU jobs: add --cpu (use_cpu: true in "

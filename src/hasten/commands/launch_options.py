@@ -12,7 +12,8 @@ module (``launch_deepspeed``) builds its variables, and ``backend_env`` / ``sect
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+import argparse
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..core.env_vars import env_name
 from ..core.planned import NotYetSupportedError, not_yet_supported
@@ -175,7 +176,7 @@ def _dest(option: Option) -> str:
     return option.dest or option.name
 
 
-def add_backend_options(parser, add_flag) -> None:
+def add_backend_options(parser: argparse._ActionsContainer, add_flag: Callable[..., argparse.Action]) -> None:
     """Add every group's flags to ``parser`` with ``add_flag`` (which sets the defaults the parser shows; see
     ``launch_defaults``: the launch reads a value that only repeats it as "not given")."""
     for group in BACKEND_GROUPS:
@@ -195,7 +196,7 @@ def add_backend_options(parser, add_flag) -> None:
             add_flag(container, option.name, **kwargs)
 
 
-def given_backend_options(args) -> list:
+def given_backend_options(args: argparse.Namespace) -> list:
     """``[(group, ["--flag", ...]), ...]`` for the groups that are not ready and whose flags ``args`` holds."""
     found = []
     for group in BACKEND_GROUPS:
@@ -210,7 +211,7 @@ def given_backend_options(args) -> list:
     return found
 
 
-def backend_not_yet_supported(title: str, flags=()) -> NotYetSupportedError:
+def backend_not_yet_supported(title: str, flags: Sequence[str] = ()) -> NotYetSupportedError:
     """The error for the backend group ``title`` (naming ``flags`` when given), with what to do meanwhile."""
     group = next(group for group in BACKEND_GROUPS if group.title == title)
     if not flags:
@@ -219,7 +220,7 @@ def backend_not_yet_supported(title: str, flags=()) -> NotYetSupportedError:
                              f"{group.meanwhile}; drop {'this flag' if len(flags) == 1 else 'these flags'}")
 
 
-def env_text(value) -> str:
+def env_text(value: Any) -> str:
     """A flag or config value as an environment variable holds it (``true`` / ``false``, lists comma-separated)."""
     if isinstance(value, bool):
         return str(value).lower()
@@ -248,7 +249,7 @@ def section_env(group_title: str, section: Optional[Mapping]) -> dict:
     return env
 
 
-def backend_env(args) -> dict:
+def backend_env(args: argparse.Namespace) -> dict:
     """The ``HASTEN_*`` variables that carry the flags of ready groups given in ``args`` to their plugins."""
     env = {}
     for group in BACKEND_GROUPS:

@@ -7,7 +7,8 @@ only what was given is exported. The sizes are checked against ``--num_processes
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+import argparse
+from typing import Callable, Mapping, Optional
 
 from ..config.config_file import PARALLELISM_KEYS
 from ..core.env_vars import env_name
@@ -38,7 +39,7 @@ OPTIONS = (
 SIZES = ("dp_replicate", "dp_shard", "cp", "sp", "tp", "pp")
 
 
-def add_parallelism_options(parser, add_flag) -> None:
+def add_parallelism_options(parser: argparse._ActionsContainer, add_flag: Callable[..., argparse.Action]) -> None:
     """Add the flags to ``parser`` in their own group with ``add_flag`` (which sets the defaults the parser shows;
     see ``launch_defaults``: the launch reads a value that only repeats it as "not given")."""
     group = parser.add_argument_group("N-D parallelism (ParallelismConfig)")
@@ -75,7 +76,8 @@ def _check_layout(values: dict, num_processes: int, sources: dict) -> None:
                            f"{' (' + given + ')' if given else ''}: {error}") from None
 
 
-def parallelism_env(args, config: Optional[Mapping], config_path: Optional[str], num_processes: Optional[int]):
+def parallelism_env(args: argparse.Namespace, config: Optional[Mapping], config_path: Optional[str],
+                    num_processes: Optional[int]) -> tuple[dict[str, str], list[str]]:
     """``(env, notes)``: the variables that carry the parallelism settings to the script, and notes to print.
 
     Nothing when neither a flag nor the config file's ``parallelism_config`` section is given. The sizes are
@@ -104,7 +106,7 @@ def parallelism_env(args, config: Optional[Mapping], config_path: Optional[str],
     return env, notes
 
 
-def extend_env(args, current_env: dict) -> dict:
+def extend_env(args: argparse.Namespace, current_env: dict) -> dict:
     """Accelerate's ``prepare_extend_env_parallelism_config``: ``current_env`` with the parallelism variables of
     ``args`` added (``--use_parallelism_config`` assumed), checked against ``args.num_processes`` when it is set."""
     env, _ = parallelism_env(given_flags(args), None, None, getattr(args, "num_processes", None))

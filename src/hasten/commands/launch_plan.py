@@ -9,6 +9,7 @@ the total at MAX machines. Inside a SLURM allocation the machine layout comes fr
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import re
@@ -199,7 +200,8 @@ SECTION_GROUPS = {DistributedType.FSDP.value: ("FSDP", "fsdp_config"),
                   DistributedType.MEGATRON_LM.value: ("Megatron-LM", "megatron_lm_config")}
 
 
-def chosen_strategy(args, config: Optional[Mapping], config_path: Optional[str], notes: list) -> str:
+def chosen_strategy(args: argparse.Namespace, config: Optional[Mapping], config_path: Optional[str],
+                    notes: list) -> str:
     """The backend of the job: a ``--use_<backend>`` flag, else the config file's ``distributed_type`` ("" if
     neither). A flag beats another backend named in the config file, with a note; two such flags are an error."""
     switches = [name for name in STRATEGY_ENV.values() if getattr(args, name, None)]
@@ -240,7 +242,8 @@ def _config_value(config: Mapping, path: tuple):
     return value
 
 
-def resolve_settings(args, config: Optional[Mapping], config_path: Optional[str]):
+def resolve_settings(args: argparse.Namespace, config: Optional[Mapping],
+                     config_path: Optional[str]) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """Each setting from its flag, else the config file, else its default: ``(values, sources, notes)``.
 
     A flag that contradicts the config file wins and adds a note saying so. A value that only repeats the
@@ -278,7 +281,7 @@ def resolve_settings(args, config: Optional[Mapping], config_path: Optional[str]
 
 
 # ---------------------------------------------------------------------------------------------- checks
-def check_backend_flags(args) -> None:
+def check_backend_flags(args: argparse.Namespace) -> None:
     """A flag of a backend hasten does not have yet ends the launch here, before anything starts."""
     given = given_backend_options(args)
     if given:
@@ -537,8 +540,8 @@ def other_backends_off(strategy: str, environ: Mapping, notes: list) -> dict:
     return off
 
 
-def torchrun_arguments(args, values: dict, per_machine: int, port: Optional[int], restartable: Optional[str],
-                       rdzv_id: Optional[str] = None) -> list:
+def torchrun_arguments(args: argparse.Namespace, values: dict, per_machine: int, port: Optional[int],
+                       restartable: Optional[str], rdzv_id: Optional[str] = None) -> list:
     """torchrun's command line: the layout, the rendezvous, then the runner (or executable) and its arguments."""
     address = values["main_process_ip"] or "127.0.0.1"
     backend = "c10d" if restartable else values["rdzv_backend"]
@@ -563,7 +566,7 @@ def torchrun_arguments(args, values: dict, per_machine: int, port: Optional[int]
 
 
 # ---------------------------------------------------------------------------------------------- the plan
-def build_plan(args, config: Optional[Mapping] = None, config_path: Optional[str] = None, *,
+def build_plan(args: argparse.Namespace, config: Optional[Mapping] = None, config_path: Optional[str] = None, *,
                environ: Optional[Mapping] = None, cpu_count: Optional[int] = None,
                count_accelerators: Callable[[], int] = accelerator_count,
                find_free_port: Optional[Callable[[], int]] = None,

@@ -8,6 +8,7 @@ registered under its own backend name so torch's registry keeps its ``static`` e
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import ipaddress
 import socket
@@ -98,7 +99,7 @@ def loopback_backend() -> str:
     return LOOPBACK_BACKEND
 
 
-def launch_with_loopback_store(parsed) -> None:
+def launch_with_loopback_store(parsed: argparse.Namespace) -> None:
     """What ``torch.distributed.run.run(parsed)`` does for a static one-machine job, with the loopback store."""
     from torch.distributed import run as torchrun
     from torch.distributed.launcher.api import elastic_launch

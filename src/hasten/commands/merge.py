@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Optional
 
 from .flags import add_flag
 from .utils import command_parser
@@ -20,7 +21,7 @@ description = ("Utility to merge the weights from multiple FSDP checkpoints into
                "This is a CPU-bound process and requires enough RAM to load the entire model state dict.")
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``hasten merge-weights``."""
     parser = subparsers.add_parser("merge-weights", help="merge a sharded FSDP checkpoint into one weights file",
                                    description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,12 +34,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def merge_command_parser(subparsers=None) -> argparse.ArgumentParser:
+def merge_command_parser(subparsers: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
     """``hasten merge-weights``'s parser: registered on ``subparsers`` when given, else stand-alone."""
     return command_parser(add_parser, subparsers, merge_command)
 
 
-def merge_command(args):
+def merge_command(args: argparse.Namespace) -> None:
     """Merge ``args.checkpoint_directory`` (a checkpoint folder or its ``pytorch_model_fsdp_0``) into
     ``args.output_path``."""
     from pathlib import Path

@@ -11,8 +11,10 @@ import argparse
 import base64
 import html
 import io
+import os
 import re
 from pathlib import Path
+from typing import Optional, Union
 
 from .errors import CommandError
 
@@ -30,7 +32,7 @@ SECTIONS = {
 OTHER = "Other metrics"
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``hasten report``."""
     parser = subparsers.add_parser("report", help="write an HTML page of a run's logged curves and config",
                                    description=__doc__.split("\n\n")[0])
@@ -114,7 +116,7 @@ RENDER_CHECK = ("<script>window.addEventListener('load',function(){var all=docum
                 "document.body.setAttribute('data-images-rendered',ok+'/'+all.length);});</script>")
 
 
-def build_report(run_dir, output=None) -> Path:
+def build_report(run_dir: Union[str, os.PathLike], output: Optional[Union[str, os.PathLike]] = None) -> Path:
     """Write the report of ``run_dir`` to ``output`` (default ``run_dir/report.html``) and its PNGs next to it."""
     from ..tracking.readers import NoLogsFoundError, read_run_logs
 
@@ -160,7 +162,7 @@ def build_report(run_dir, output=None) -> Path:
     return output
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     path = build_report(args.run_dir, args.output)
     print(f"hasten report: wrote {path}")
     return 0

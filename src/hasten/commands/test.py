@@ -8,8 +8,10 @@ given), so a pass means this machine and config can run multi-process jobs.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+from typing import Optional, Union
 
 from .flags import add_flag
 from .utils import command_parser
@@ -17,7 +19,7 @@ from .utils import command_parser
 __all__ = ["add_parser", "run", "sanity_launch_command", "test_command", "test_command_parser", "main"]
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``hasten test``."""
     parser = subparsers.add_parser("test", help="check that this machine can run a multi-process job",
                                    description="Launch a bundled sanity script (process state, all-gather, "
@@ -29,7 +31,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def sanity_launch_command(config_file=None, num_processes=None) -> list:
+def sanity_launch_command(config_file: Optional[Union[str, os.PathLike]] = None,
+                          num_processes: Optional[int] = None) -> list[str]:
     """The ``hasten launch`` command line ``hasten test`` runs."""
     from ..test_utils import sanity_script_path
 
@@ -41,7 +44,7 @@ def sanity_launch_command(config_file=None, num_processes=None) -> list:
     return command + [str(sanity_script_path())]
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run the launch, streaming its output, then print the verdict."""
     command = sanity_launch_command(args.config_file, getattr(args, "num_processes", None))
     print("hasten test: running hasten " + " ".join(command[3:]), flush=True)
@@ -54,7 +57,7 @@ def run(args) -> int:
     return 1
 
 
-def test_command(args) -> None:
+def test_command(args: argparse.Namespace) -> None:
     """Accelerate's in-process entry point: like ``hasten test``; a failed check raises ``RuntimeError`` (a caller
     must never read a failure as success)."""
     if run(args):
@@ -62,7 +65,7 @@ def test_command(args) -> None:
                            "above names the process and the cause).")
 
 
-def test_command_parser(subparsers=None) -> argparse.ArgumentParser:
+def test_command_parser(subparsers: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
     """``hasten test``'s parser: registered on ``subparsers`` when given, else stand-alone."""
     return command_parser(add_parser, subparsers, test_command)
 

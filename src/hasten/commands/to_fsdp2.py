@@ -13,6 +13,7 @@ import enum
 import logging
 import sys
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
@@ -93,7 +94,7 @@ def load_config(config_file: str) -> dict:
     return config
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``hasten to-fsdp2``."""
     parser = subparsers.add_parser("to-fsdp2", help="convert a config file's FSDP1 settings to FSDP2",
                                    description="Convert a config file's fsdp_config from FSDP1 to FSDP2.")
@@ -104,12 +105,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def to_fsdp2_command_parser(subparsers=None) -> argparse.ArgumentParser:
+def to_fsdp2_command_parser(subparsers: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
     """``hasten to-fsdp2``'s parser: registered on ``subparsers`` when given, else stand-alone."""
     return command_parser(add_parser, subparsers, to_fsdp2_command)
 
 
-def to_fsdp2_command(args) -> int:
+def to_fsdp2_command(args: argparse.Namespace) -> int:
     """Convert and write; nothing is written when the input is missing or the output would be overwritten."""
     if not Path(args.config_file).is_file():
         raise MissingFileError(f"Config file `{args.config_file}` not found (--config_file): no such file.")

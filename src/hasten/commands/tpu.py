@@ -13,6 +13,7 @@ import sys
 
 import shlex
 import subprocess
+from typing import Optional
 
 from .errors import CommandError
 from .flags import add_flag
@@ -21,7 +22,7 @@ from .utils import command_parser
 __all__ = ["add_parser", "run", "tpu_command_parser", "tpu_command_launcher", "main"]
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``hasten tpu-config``."""
     parser = subparsers.add_parser("tpu-config", help="run set-up commands on every worker of a TPU pod",
                                    description="Run commands on every worker of a TPU pod, through gcloud.")
@@ -39,7 +40,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def tpu_command_parser(subparsers=None) -> argparse.ArgumentParser:
+def tpu_command_parser(subparsers: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
     """``hasten tpu-config``'s parser: registered on ``subparsers`` when given, else stand-alone."""
     return command_parser(add_parser, subparsers, tpu_command_launcher)
 
@@ -79,7 +80,7 @@ def _pod_commands(args, config) -> list:
     return commands
 
 
-def gcloud_command(args) -> list:
+def gcloud_command(args: argparse.Namespace) -> list[str]:
     """The ``gcloud`` call ``tpu-config`` runs for ``args`` (the config file read for what the flags leave out)."""
     from .launch import load_launch_config
 
@@ -99,7 +100,7 @@ def gcloud_command(args) -> list:
                      "; ".join(steps), "--worker", "all"]
 
 
-def tpu_command_launcher(args) -> int:
+def tpu_command_launcher(args: argparse.Namespace) -> int:
     """Run (or with ``--debug`` print) the ``gcloud`` call; a failed call raises ``CalledProcessError``."""
     command = gcloud_command(args)
     print(f"Running {' '.join(command)}", flush=True)

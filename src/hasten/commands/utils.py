@@ -6,6 +6,7 @@ hasten's own commands declare their flags with ``flags.add_flag``; these classes
 from __future__ import annotations
 
 import argparse
+from typing import Any, Callable, Optional
 
 from .flags import OneSpellingHelpFormatter, recording, with_both_spellings
 
@@ -29,7 +30,7 @@ def _add(add, args, kwargs):
 class CustomArgumentGroup(argparse._ArgumentGroup):
     """An argument group whose options accept ``-`` and ``_`` spellings (``namespace.nondefault`` lists those given)."""
 
-    def add_argument(self, *args, **kwargs):
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         return _add(super().add_argument, args, kwargs)
 
 
@@ -39,20 +40,22 @@ class CustomArgumentParser(argparse.ArgumentParser):
     Options given on the command line are listed in ``namespace.nondefault``, as in Accelerate.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("formatter_class", OneSpellingHelpFormatter)
         super().__init__(*args, **kwargs)
 
-    def add_argument(self, *args, **kwargs):
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         return _add(super().add_argument, args, kwargs)
 
-    def add_argument_group(self, *args, **kwargs):
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> CustomArgumentGroup:
         group = CustomArgumentGroup(self, *args, **kwargs)
         self._action_groups.append(group)
         return group
 
 
-def command_parser(add_parser, subparsers=None, func=None) -> argparse.ArgumentParser:
+def command_parser(add_parser: Callable[[argparse._SubParsersAction], argparse.ArgumentParser],
+                   subparsers: Optional[argparse._SubParsersAction] = None,
+                   func: Optional[Callable[[argparse.Namespace], Any]] = None) -> argparse.ArgumentParser:
     """Accelerate's ``<name>_command_parser(subparsers=None)`` built from a hasten ``add_parser(subparsers)``.
 
     With ``subparsers`` the command is registered there (``func`` becomes its ``args.func``, as in

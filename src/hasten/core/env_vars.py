@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Union
+from collections.abc import Iterable, Iterator
+from typing import Any, Union
 
 __all__ = ["ENV_PREFIX", "env_name", "str_to_bool", "parse_flag_from_env", "parse_choice_from_env",
            "get_int_from_env", "patch_environment", "clear_environment"]
@@ -25,7 +26,7 @@ def env_name(setting: str) -> str:
     return ENV_PREFIX + setting.upper()
 
 
-def str_to_bool(value, to_bool: bool = False) -> Union[int, bool]:
+def str_to_bool(value: Any, to_bool: bool = False) -> Union[int, bool]:
     """Parse a boolean written as text (``1/0``, ``true/false``, ``yes/no``, ``on/off``): 1 or 0, or with
     ``to_bool`` True or False."""
     text = str(value).strip().lower()
@@ -51,7 +52,7 @@ def parse_choice_from_env(key: str, default: str = "no") -> str:
     return os.environ.get(key, str(default))
 
 
-def get_int_from_env(env_keys, default: int) -> int:
+def get_int_from_env(env_keys: Iterable[str], default: int) -> int:
     """The first of ``env_keys`` that is set and non-negative, as an int; else ``default``."""
     for key in env_keys:
         value = os.environ.get(key)
@@ -67,7 +68,7 @@ def get_int_from_env(env_keys, default: int) -> int:
 
 
 @contextlib.contextmanager
-def patch_environment(**kwargs):
+def patch_environment(**kwargs: Any) -> Iterator[None]:
     """Temporarily set environment variables (keys upper-cased, values turned into str); restored on exit."""
     saved = {}
     for key, value in kwargs.items():
@@ -85,7 +86,7 @@ def patch_environment(**kwargs):
 
 
 @contextlib.contextmanager
-def clear_environment():
+def clear_environment() -> Iterator[None]:
     """Temporarily empty ``os.environ``; the original is restored on exit (the same mapping object)."""
     saved = dict(os.environ)
     os.environ.clear()

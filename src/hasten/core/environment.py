@@ -13,8 +13,11 @@ import inspect
 import logging
 import os
 import sys
+from typing import TypeVar
 
 from .env_aliases import get_flag_setting
+
+T = TypeVar("T")  # the decorated function or class, returned as it came
 
 logger = logging.getLogger("hasten.utils.environment")  # the name Accelerate logs these under (as_accelerate/logger_names.py)
 
@@ -97,7 +100,7 @@ def _purge_test_methods(cls: type) -> None:
             setattr(cls, name, _purging(member))
 
 
-def purge_accelerate_environment(func_or_cls):
+def purge_accelerate_environment(func_or_cls: T) -> T:
     """Decorator: every ``HASTEN_*`` / ``ACCELERATE_*`` environment variable is as it was after the call.
 
     Variables the call added are removed, changed ones get their value back and removed ones come back.

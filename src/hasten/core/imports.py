@@ -13,9 +13,13 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+from types import ModuleType
+from typing import Any, Callable, TypeVar
 
 from .env_vars import parse_flag_from_env, patch_environment
 from .versions import compare_versions, is_torch_version
+
+F = TypeVar("F", bound=Callable[..., Any])  # a decorated function, returned with its signature
 
 # module to import -> (extra that installs it, what it is for)
 EXTRAS = {
@@ -424,7 +428,7 @@ def is_trackio_available() -> bool:
 
 
 # ----------------------------------------------------------------------------- guards
-def torchao_required(func):
+def torchao_required(func: F) -> F:
     """Decorator: ``func`` raises ImportError (saying how to install torchao) unless torchao is available."""
 
     @functools.wraps(func)
@@ -436,7 +440,7 @@ def torchao_required(func):
     return wrapper
 
 
-def require_extra(module: str, feature: str | None = None):
+def require_extra(module: str, feature: str | None = None) -> ModuleType:
     """Import and return ``module``, or raise ImportError naming the pip command that installs it."""
     if _found(module.split(".")[0]) and _found(module):
         return importlib.import_module(module)
@@ -447,7 +451,7 @@ def require_extra(module: str, feature: str | None = None):
     raise ImportError(f"{feature or purpose} needs the `{module}` package, which is not installed: {how}")
 
 
-def require_deepspeed():
+def require_deepspeed() -> ModuleType:
     """Import deepspeed (on a CPU-only run, on its CPU accelerator); a clear error when it is not installed."""
     if importlib.util.find_spec("deepspeed") is None:
         raise ImportError("DeepSpeed is not installed: pip install 'hasten[deepspeed]' (the deepspeed package).")

@@ -6,15 +6,16 @@ name from it is used) while every Accelerate-style import path keeps working.
 from __future__ import annotations
 
 import importlib
+from typing import Any, Callable
 
 
-def lazy_exports(package: str, table: dict[str, str]):
+def lazy_exports(package: str, table: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """Return ``(__getattr__, __dir__)`` for a package whose names live in the modules given by ``table``.
 
     ``table`` maps a public name to the absolute module that defines it.
     """
 
-    def __getattr__(name: str):
+    def __getattr__(name: str) -> Any:
         module_name = table.get(name)
         if module_name is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
@@ -22,7 +23,7 @@ def lazy_exports(package: str, table: dict[str, str]):
         importlib.import_module(package).__dict__[name] = value  # cache: next lookup is a plain attribute
         return value
 
-    def __dir__():
+    def __dir__() -> list[str]:
         return sorted(set(table) | set(importlib.import_module(package).__dict__))
 
     return __getattr__, __dir__

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import gc
 import inspect
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -46,7 +46,7 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
         torch.mps.empty_cache()
 
 
-def release_memory(*objects) -> list:
+def release_memory(*objects: Any) -> list:
     """Drop references to ``objects``, collect garbage and clear the device cache.
 
     Returns a list of ``None`` of the same length; assign it back so your names stop holding the objects::
@@ -104,7 +104,7 @@ def _check_starting_batch_size(value) -> int:
 
 
 def find_executable_batch_size(function: Optional[Callable] = None, starting_batch_size: int = 128,
-                               reduce_batch_size_fn: Optional[Callable[[], int]] = None):
+                               reduce_batch_size_fn: Optional[Callable[[], int]] = None) -> Callable[..., Any]:
     """Decorator: call ``function(batch_size, ...)``, retrying with a smaller batch after out-of-memory errors.
 
     ``function`` takes the batch size as its first argument, which the decorator supplies: call the decorated

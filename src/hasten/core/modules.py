@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
+
+from .aliases import Device
 
 __all__ = ["extract_model_from_parallel", "get_module_children_bottom_up", "is_peft_model", "check_device_same",
            "id_tensor_storage", "check_tied_parameters_in_config", "model_has_dtensor", "get_model_tp_size",
@@ -91,8 +93,8 @@ def _remove_fp32_wrapper(model) -> None:
         )
 
 
-def extract_model_from_parallel(model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
-                                recursive: bool = False):
+def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
+                                recursive: bool = False) -> nn.Module:
     """Return the model inside its distributed (and optionally compiled / mixed-precision) wrappers.
 
     Parameters:
@@ -153,14 +155,14 @@ def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -
     return ordered
 
 
-def is_peft_model(model) -> bool:
+def is_peft_model(model: Any) -> bool:
     """Whether ``model`` (inside its training wrappers) is a PEFT ``PeftModel``."""
     peft = sys.modules.get("peft")  # a PeftModel can only exist once peft was imported
     peft_model = getattr(peft, "PeftModel", None)
     return peft_model is not None and isinstance(extract_model_from_parallel(model), peft_model)
 
 
-def check_device_same(first_device, second_device) -> bool:
+def check_device_same(first_device: Device, second_device: Device) -> bool:
     """Whether two devices are the same one, counting ``cuda`` and ``cuda:0`` (any accelerator) as equal."""
     first, second = torch.device(first_device), torch.device(second_device)
     if first.type != second.type:
@@ -198,7 +200,7 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
     return tied_word_embeddings or tied_encoder_decoder or tied_module
 
 
-def model_has_dtensor(model) -> bool:
+def model_has_dtensor(model: nn.Module) -> bool:
     """Whether any parameter of ``model`` is a ``DTensor`` (the model is sharded by FSDP2 or tensor parallel)."""
     import torch.distributed as dist
 
@@ -209,7 +211,7 @@ def model_has_dtensor(model) -> bool:
     return any(isinstance(parameter, DTensor) for parameter in model.parameters())
 
 
-def get_model_tp_size(model) -> Optional[int]:
+def get_model_tp_size(model: Any) -> Optional[int]:
     """The tensor-parallel degree a Transformers model was sharded with, or None.
 
     ``transformers < 5`` records it as ``model.tp_size``; later versions in ``model.config.distributed_config``.
@@ -223,6 +225,6 @@ def get_model_tp_size(model) -> Optional[int]:
     return getattr(distributed_config, "tp_size", None)
 
 
-def recursive_getattr(obj, attr: str):
+def recursive_getattr(obj: Any, attr: str) -> Any:
     """``getattr`` along a dotted path: ``recursive_getattr(model, "encoder.layer.0")``."""
     return functools.reduce(getattr, attr.split("."), obj)

@@ -2,17 +2,20 @@
 checks both need, so neither has to import the other."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .aliases import NestedData
 
 __all__ = ["is_namedtuple", "honor_type", "leaves", "merge_dicts"]
 
 
-def is_namedtuple(data) -> bool:
+def is_namedtuple(data: Any) -> bool:
     """Whether ``data`` is a namedtuple instance (a tuple with ``_fields`` and ``_asdict``)."""
     return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(data, "_asdict")
 
 
-def honor_type(obj, generator):
+def honor_type(obj: tuple | list, generator: Iterable[Any]) -> tuple | list:
     """Build a container of ``obj``'s type (list, tuple, namedtuple, other tuple subclass) from ``generator``."""
     items = list(generator)
     if is_namedtuple(obj):
@@ -20,7 +23,7 @@ def honor_type(obj, generator):
     return type(obj)(items)
 
 
-def leaves(data, out: list) -> list:
+def leaves(data: NestedData, out: list) -> list:
     """Append every non-container leaf of ``data`` to ``out``, in ``recursively_apply`` order."""
     if isinstance(data, (tuple, list)):
         for item in data:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 from torch.utils.data import BatchSampler
@@ -37,8 +37,8 @@ class BatchSamplerShard(BatchSampler):
             the same number of full batches (ignored when the batch sampler drops its last batch).
     """
 
-    def __init__(self, batch_sampler, num_processes: int = 1, process_index: int = 0, split_batches: bool = False,
-                 even_batches: bool = True):
+    def __init__(self, batch_sampler: Iterable[list[int]], num_processes: int = 1, process_index: int = 0,
+                 split_batches: bool = False, even_batches: bool = True):
         check_process_layout(num_processes, process_index, "BatchSamplerShard")
         self.batch_sampler = batch_sampler
         self.num_processes = num_processes
@@ -54,12 +54,12 @@ class BatchSamplerShard(BatchSampler):
 
     # ------------------------------------------------------------------ torch.utils.data compatibility
     @property
-    def sampler(self):
+    def sampler(self) -> Optional[Iterable[int]]:
         """The index sampler under the wrapped batch sampler."""
         return getattr(self.batch_sampler, "sampler", None)
 
     @sampler.setter
-    def sampler(self, sampler) -> None:
+    def sampler(self, sampler: Iterable[int]) -> None:
         self.batch_sampler.sampler = sampler
 
     @property
@@ -253,7 +253,7 @@ class BatchSamplerShard(BatchSampler):
             used += size
 
 
-def positioned(batch_sampler) -> "BatchSamplerShard":
+def positioned(batch_sampler: Iterable[list[int]]) -> BatchSamplerShard:
     """``batch_sampler``'s batches unchanged (one process, nothing repeated), able to start at any batch."""
     return BatchSamplerShard(batch_sampler, 1, 0, even_batches=False)
 
@@ -262,10 +262,11 @@ class SampleShard(BatchSamplerShard):
     """One process's samples of ``sampler``, one at a time: the shard of a loader without automatic batching
     (``batch_size=None``), where each sample is its own batch."""
 
-    def __init__(self, sampler, num_processes: int = 1, process_index: int = 0, even_batches: bool = True):
+    def __init__(self, sampler: Iterable[int], num_processes: int = 1, process_index: int = 0,
+                 even_batches: bool = True):
         super().__init__(BatchSampler(sampler, 1, False), num_processes, process_index, even_batches=even_batches)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         for batch in super().__iter__():
             yield batch[0]
 

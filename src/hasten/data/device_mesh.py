@@ -6,13 +6,18 @@ dimensions, whatever their order in the mesh.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
 __all__ = ["DATA_PARALLEL_DIMS", "SAME_DATA_DIMS", "data_parallel_layout"]
 
 DATA_PARALLEL_DIMS = ("dp", "dp_replicate", "dp_shard", "fsdp", "ddp", "hsdp")
 SAME_DATA_DIMS = ("tp", "cp", "pp", "sp")
 
 
-def data_parallel_layout(mesh) -> tuple[int, int]:
+def data_parallel_layout(mesh: DeviceMesh) -> tuple[int, int]:
     """``(number of data shards, this process's shard)`` for a ``torch.distributed.DeviceMesh``."""
     names = getattr(mesh, "mesh_dim_names", None)
     if not names:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..collectives.operations import honor_type, is_namedtuple
+from ..core.aliases import NestedData
 
 __all__ = ["SLICE", "WHOLE", "StepPlan", "CannotJoin", "batch_size_of", "join_batches", "slice_batch",
            "process_bounds", "plan_step"]
@@ -78,7 +79,7 @@ def _first_scalar_list(batch) -> Optional[int]:
     return None
 
 
-def batch_size_of(batch) -> Optional[int]:
+def batch_size_of(batch: NestedData) -> Optional[int]:
     """Samples in ``batch``: the first dimension of its first tensor, else the length of its first list of
     plain values; None when it has neither."""
     tensor = _first_tensor(batch)
@@ -136,7 +137,7 @@ def _join(parts: list, sizes: list):
     raise CannotJoin(f"a per-batch field differs between the batches ({type(first).__name__})")
 
 
-def join_batches(batches: list):
+def join_batches(batches: list) -> NestedData:
     """One batch holding the samples of ``batches`` in order (``CannotJoin`` when impossible)."""
     sizes = [batch_size_of(batch) for batch in batches]
     if any(size is None for size in sizes):
@@ -144,7 +145,7 @@ def join_batches(batches: list):
     return batches[0] if len(batches) == 1 else _join(batches, sizes)
 
 
-def slice_batch(batch, part: slice, size: Optional[int] = None):
+def slice_batch(batch: NestedData, part: slice, size: Optional[int] = None) -> NestedData:
     """The samples ``part`` of ``batch`` (per-batch fields unchanged)."""
     size = batch_size_of(batch) if size is None else size
     if _is_sample_tensor(batch, size) or _is_sample_list(batch, size):
@@ -183,7 +184,7 @@ def _complete(batch, real: int, num_processes: int, material, slicer: Callable):
 
 
 def plan_step(batches: list, *, split_batches: bool, num_processes: int, is_last: bool, complete: bool,
-              first_samples, slice_fn: Optional[Callable] = None) -> StepPlan:
+              first_samples: Optional[NestedData], slice_fn: Optional[Callable[..., Any]] = None) -> StepPlan:
     """What each process receives for one step (see the module docstring).
 
     ``complete``: repeat samples so the last step gives every process the same amount (even_batches and not

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import pickle
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
-from torch.utils.data import IterableDataset, IterDataPipe
+from torch.utils.data import Dataset, IterableDataset, IterDataPipe
 
 from ..collectives.operations import (
     broadcast,
@@ -22,11 +22,15 @@ from ..collectives.operations import (
     initialize_tensors,
     send_to_device,
 )
+from ..core.aliases import Device
 from ..state import PartialState
 from .dispatch_plan import SLICE, batch_size_of, plan_step, process_bounds, slice_batch
 from .loader_core import PreparedDataLoader
 from .placement import as_device, on_device
 from .validation import check_process_layout, check_split_batch_size
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["DataLoaderDispatcher"]
 
@@ -70,11 +74,11 @@ class DataLoaderDispatcher(PreparedDataLoader):
         **kwargs: the usual ``DataLoader`` arguments.
     """
 
-    def __init__(self, dataset, split_batches: bool = False, skip_batches: int = 0,
+    def __init__(self, dataset: Dataset, split_batches: bool = False, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
-                 slice_fn: Optional[Callable] = None, torch_device_mesh=None, iteration: int = 0,
-                 even_batches: bool = True, num_processes: Optional[int] = None, process_index: Optional[int] = None,
-                 device=None, **kwargs):
+                 slice_fn: Optional[Callable[..., Any]] = None, torch_device_mesh: Optional[DeviceMesh] = None,
+                 iteration: int = 0, even_batches: bool = True, num_processes: Optional[int] = None,
+                 process_index: Optional[int] = None, device: Optional[Device] = None, **kwargs: Any):
         if slice_fn is not None and not callable(slice_fn):
             raise TypeError(f"slice_fn_for_dispatch must be callable, got {slice_fn!r}.")
         super().__init__(dataset, skip_batches=skip_batches, use_stateful_dataloader=use_stateful_dataloader,

@@ -7,7 +7,7 @@ other than producing the order (the torch built-ins) are recognised; any other s
 from __future__ import annotations
 
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from torch.utils.data import (BatchSampler, DistributedSampler, RandomSampler, SequentialSampler,
                               SubsetRandomSampler, WeightedRandomSampler)
@@ -26,7 +26,7 @@ def _torchdata_class(name: str):
     return getattr(module, name, None) if module is not None else None
 
 
-def has_known_batching(batch_sampler) -> bool:
+def has_known_batching(batch_sampler: Iterable[list[int]]) -> bool:
     """Whether ``batch_sampler`` cuts its sampler's order into consecutive ``batch_size`` chunks."""
     kind = type(batch_sampler)
     if kind.__iter__ is BatchSampler.__iter__:
@@ -49,7 +49,7 @@ def _sampler_kind(sampler) -> Optional[str]:
     return None
 
 
-def epoch_order(sampler) -> tuple[Sequence[int], Optional[Callable[[], None]]]:
+def epoch_order(sampler: Iterable[int]) -> tuple[Sequence[int], Optional[Callable[[], None]]]:
     """The indices ``sampler`` yields in its next pass (call only when ``has_known_batching`` said yes) as a
     range, list or 1-d tensor, and a
     function to call when that pass is complete (it does what the sampler does after its last index: draw

@@ -10,7 +10,7 @@ resumed run continues from the saved position instead of replaying the stream.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch.utils.data import IterableDataset
@@ -20,7 +20,7 @@ from .validation import check_process_layout, check_split_batch_size
 __all__ = ["IterableDatasetShard", "has_own_state"]
 
 
-def has_own_state(obj) -> bool:
+def has_own_state(obj: Any) -> bool:
     """Whether ``obj`` saves and restores its own position (the ``state_dict``/``load_state_dict`` pair)."""
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
@@ -149,7 +149,7 @@ class StatefulIterableDatasetShard(IterableDatasetShard):
     ``IterableDatasetShard(dataset)`` returns this class when the dataset qualifies.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._resume: Optional[dict] = None
         # (dataset state, first global batch, my samples of the current one, whether the stream has ended)

@@ -21,10 +21,10 @@ from __future__ import annotations
 import copy
 import inspect
 import warnings
-from typing import Optional
+from typing import Any, Iterable, Optional
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset
 
 from .batch_shard import BatchSamplerShard
 from .iterable import IterableDatasetShard, has_own_state
@@ -91,8 +91,9 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
             cls = stateful_variant(cls)
         return super().__new__(cls)
 
-    def __init__(self, dataset, use_stateful_dataloader: bool = False, batch_sampler=None, *,
-                 skip_batches: int = 0, iteration: int = 0, **kwargs):
+    def __init__(self, dataset: Dataset, use_stateful_dataloader: bool = False,
+                 batch_sampler: Optional[Iterable[list[int]]] = None, *, skip_batches: int = 0, iteration: int = 0,
+                 **kwargs: Any):
         check_non_negative_int(skip_batches, "skip_batches")
         kwargs["batch_sampler"] = batch_sampler
         _check_batch_sampler_options(type(self).__name__, kwargs)
@@ -137,10 +138,10 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     # ------------------------------------------------------------------ compatibility
     base_dataloader = _ItselfOnInstances()
 
-    def get_sampler(self):
+    def get_sampler(self) -> Optional[Iterable[int]]:
         return get_sampler(self)
 
-    def set_sampler(self, sampler) -> None:
+    def set_sampler(self, sampler: Iterable[int]) -> None:
         """Replace the index sampler under the batching (e.g. with a ``SeedableRandomSampler``)."""
         holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
         holder.sampler = sampler

@@ -8,15 +8,18 @@ otherwise they move it with ``send_to_device``, as before.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Union
 
 import torch
+
+from ..core.aliases import Device, NestedData
 
 __all__ = ["as_device", "on_device"]
 
 _TENSOR = torch.Tensor
 
 
-def as_device(device):
+def as_device(device: Device) -> Union[torch.device, Device]:
     """``device`` as a ``torch.device`` to compare tensors' devices with (unchanged when torch cannot read it)."""
     if isinstance(device, torch.device):
         return device
@@ -26,7 +29,7 @@ def as_device(device):
         return device
 
 
-def on_device(data, device) -> bool:
+def on_device(data: NestedData, device: Union[torch.device, Device]) -> bool:
     """Whether ``send_to_device(data, device)`` would return the very same tensors and other values.
 
     True when every tensor of ``data`` (nested in lists, tuples and dicts) is a plain ``torch.Tensor`` already on

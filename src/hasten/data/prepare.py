@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
@@ -22,6 +22,9 @@ from .prepare_checks import LoaderRequest, checked_request
 from .samplers import SeedableRandomSampler, get_sampler
 from .shard_loader import DataLoaderShard
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
 __all__ = ["prepare_data_loader"]
 
 
@@ -32,15 +35,15 @@ def prepare_data_loader(
     process_index: Optional[int] = None,
     split_batches: bool = False,
     put_on_device: bool = False,
-    rng_types: Optional[list] = None,
+    rng_types: Optional[list[Union[str, RNGType]]] = None,
     dispatch_batches: Optional[bool] = None,
     even_batches: bool = True,
-    slice_fn_for_dispatch: Optional[Callable] = None,
+    slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
     use_seedable_sampler: bool = False,
     data_seed: Optional[int] = None,
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
-    torch_device_mesh=None,
+    torch_device_mesh: Optional[DeviceMesh] = None,
 ) -> DataLoader:
     """Wrap ``dataloader`` so that this process sees only its share of the data.
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
@@ -16,6 +16,11 @@ from ..state import PartialState
 from .device_mesh import data_parallel_layout
 from .stateful import stateful_dataloader_class
 from .validation import check_process_layout, check_rng_types, check_split_batch_size
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..config.enums import RNGType
 
 __all__ = ["LoaderRequest", "checked_request"]
 
@@ -46,9 +51,12 @@ class LoaderRequest:
         return isinstance(self.dataloader.dataset, IterableDataset)
 
 
-def checked_request(dataloader, *, device, num_processes, process_index, split_batches, put_on_device, rng_types,
-                    dispatch_batches, even_batches, slice_fn_for_dispatch, use_seedable_sampler, data_seed,
-                    non_blocking, use_stateful_dataloader, torch_device_mesh) -> LoaderRequest:
+def checked_request(dataloader: DataLoader, *, device: Optional[torch.device], num_processes: Optional[int],
+                    process_index: Optional[int], split_batches: bool, put_on_device: bool,
+                    rng_types: Optional[list[Union[str, RNGType]]], dispatch_batches: Optional[bool],
+                    even_batches: bool, slice_fn_for_dispatch: Optional[Callable[..., Any]],
+                    use_seedable_sampler: bool, data_seed: Optional[int], non_blocking: bool,
+                    use_stateful_dataloader: bool, torch_device_mesh: Optional[DeviceMesh]) -> LoaderRequest:
     """Check the arguments of ``prepare_data_loader`` (same names, same meaning) in the order the errors are
     documented, and resolve their defaults."""
     if not isinstance(dataloader, DataLoader):

@@ -8,10 +8,10 @@ otherwise its skipped batches have to be read and dropped.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Iterable, Optional
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset
 
 from .batch_shard import BatchSamplerShard, SampleShard, positioned
 from .dispatcher import DataLoaderDispatcher
@@ -25,7 +25,7 @@ __all__ = ["skip_first_batches", "SkipBatchSampler", "SkipDataLoader"]
 class SkipBatchSampler(BatchSamplerShard):
     """``batch_sampler`` whose first pass starts after ``skip_batches`` batches (later passes are whole)."""
 
-    def __init__(self, batch_sampler, skip_batches: int = 0):
+    def __init__(self, batch_sampler: Iterable[list[int]], skip_batches: int = 0):
         super().__init__(batch_sampler, num_processes=1, process_index=0, even_batches=False)
         self.skip_batches = check_non_negative_int(skip_batches, "skip_batches")
         self.start_at(skip_batches)
@@ -41,8 +41,8 @@ class SkipDataLoader(DataLoaderShard):
     batch sampler or dataset is at, so wrapping a loader never moves its shuffle back to epoch 0.
     """
 
-    def __init__(self, dataset, skip_batches: int = 0, use_stateful_dataloader: bool = False,
-                 iteration: Optional[int] = None, **kwargs):
+    def __init__(self, dataset: Dataset, skip_batches: int = 0, use_stateful_dataloader: bool = False,
+                 iteration: Optional[int] = None, **kwargs: Any):
         if not isinstance(dataset, IterableDataset) and kwargs.get("batch_sampler") is None \
                 and not isinstance(kwargs.get("sampler"), BatchSampler):
             kwargs = _with_positioned_batch_sampler(dataset, kwargs)
@@ -79,7 +79,7 @@ def _with_positioned_batch_sampler(dataset, kwargs: dict) -> dict:
     return kwargs
 
 
-def skip_first_batches(dataloader, num_batches: int = 0):
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
     """A loader like ``dataloader`` whose first pass starts after ``num_batches`` batches.
 
     Use it to resume mid-epoch. Later passes (epochs) are complete. The returned loader continues the

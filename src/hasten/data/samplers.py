@@ -1,10 +1,10 @@
 """``SeedableRandomSampler`` (a shuffle that depends only on a seed and an epoch) and ``get_sampler``."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Iterable, Optional
 
 import torch
-from torch.utils.data import BatchSampler, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from .random_order import random_sampler_order
 
@@ -25,7 +25,7 @@ class SeedableRandomSampler(RandomSampler):
     generator=None``) plus ``data_seed`` (default: ``torch.initial_seed()``).
     """
 
-    def __init__(self, *args, data_seed: Optional[int] = None, **kwargs):
+    def __init__(self, *args: Any, data_seed: Optional[int] = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         if data_seed is not None and (isinstance(data_seed, bool) or not isinstance(data_seed, int)):
             raise TypeError(f"data_seed must be an int or None, got {data_seed!r}.")
@@ -36,7 +36,7 @@ class SeedableRandomSampler(RandomSampler):
         """Choose the epoch whose order the next pass yields."""
         self.epoch = epoch
 
-    def reseeded(self) -> "SeedableRandomSampler":
+    def reseeded(self) -> SeedableRandomSampler:
         """Seed the generator for the current epoch (done at the start of every pass); returns the sampler."""
         if self.generator is None:
             self.generator = torch.Generator(device=torch.get_default_device())
@@ -60,7 +60,7 @@ class SeedableRandomSampler(RandomSampler):
         self.initial_seed = int(state_dict["seed"])
 
 
-def get_sampler(dataloader):
+def get_sampler(dataloader: DataLoader) -> Optional[Iterable[int]]:
     """The index sampler under a loader's batching (``None`` for an iterable dataset's constant sampler)."""
     if isinstance(dataloader.sampler, BatchSampler):  # a batch sampler given as `sampler=`
         return getattr(dataloader.sampler, "sampler", None)

@@ -1,17 +1,23 @@
 """``DataLoaderShard``: the loader each process iterates for its own share of the data (no dispatching)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
-from torch.utils.data import BatchSampler
+from torch.utils.data import BatchSampler, Dataset
 
 from ..collectives.operations import send_to_device
 from ..collectives.random import synchronize_rng_states
+from ..core.aliases import Device
 from .batch_shard import BatchSamplerShard
 from .iterable import IterableDatasetShard
 from .loader_core import PreparedDataLoader
 from .placement import as_device, on_device
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..config.enums import RNGType
 
 __all__ = ["DataLoaderShard"]
 
@@ -33,9 +39,11 @@ class DataLoaderShard(PreparedDataLoader):
     It reads one batch ahead, so that ``end_of_dataloader`` is already true while the last batch is in use.
     """
 
-    def __init__(self, dataset, device=None, rng_types=None, synchronized_generator: Optional[torch.Generator] = None,
-                 skip_batches: int = 0, use_stateful_dataloader: bool = False, _drop_last: bool = False,
-                 _non_blocking: bool = False, torch_device_mesh=None, iteration: int = 0, **kwargs):
+    def __init__(self, dataset: Dataset, device: Optional[Device] = None,
+                 rng_types: Optional[list[Union[str, RNGType]]] = None,
+                 synchronized_generator: Optional[torch.Generator] = None, skip_batches: int = 0,
+                 use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
+                 torch_device_mesh: Optional[DeviceMesh] = None, iteration: int = 0, **kwargs: Any):
         super().__init__(dataset, skip_batches=skip_batches, use_stateful_dataloader=use_stateful_dataloader,
                          iteration=iteration, **kwargs)
         self.device = device

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+from typing import Any
 
 from torch.utils.data import IterDataPipe
 
@@ -27,7 +28,7 @@ __all__ = ["stateful_dataloader_class", "stateful_variant", "drop_unsupported_kw
 _FINISHED, _NUM_YIELDED, _SNAPSHOT = "_iterator_finished", "_num_yielded", "_snapshot"
 
 
-def is_torchdata_state(state) -> bool:
+def is_torchdata_state(state: Any) -> bool:
     """Whether ``state`` is (or holds at its top level) a torchdata ``StatefulDataLoader`` state."""
     return isinstance(state, dict) and _FINISHED in state and (_NUM_YIELDED in state or _SNAPSHOT in state)
 
@@ -84,7 +85,7 @@ _VARIANT_BASES = {
 }
 
 
-def stateful_dataloader_class():
+def stateful_dataloader_class() -> type:
     """torchdata's ``StatefulDataLoader`` class, or ImportError naming the extra that installs it."""
     torchdata = require_extra("torchdata", "use_stateful_dataloader=True (torchdata >= 0.8's StatefulDataLoader)")
     try:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import Optional
+from typing import Iterable, Optional, Union
 
 import torch
 
@@ -11,13 +11,13 @@ from ..config.enums import RNGType
 __all__ = ["check_process_layout", "check_split_batch_size", "check_non_negative_int", "check_rng_types"]
 
 
-def check_non_negative_int(value, name: str) -> int:
+def check_non_negative_int(value: int, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an int >= 0, got {value!r}.")
     return value
 
 
-def check_process_layout(num_processes, process_index, where: str) -> None:
+def check_process_layout(num_processes: int, process_index: int, where: str) -> None:
     """``num_processes >= 1`` and ``0 <= process_index < num_processes``."""
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"{where}: num_processes must be an int >= 1, got {num_processes!r}.")
@@ -57,7 +57,7 @@ def _device_rng_available(name: str) -> bool:
     return bool(is_available and is_available())
 
 
-def check_rng_types(rng_types) -> list:
+def check_rng_types(rng_types: Optional[Union[str, RNGType, Iterable[Union[str, RNGType]]]]) -> list[RNGType]:
     """``rng_types`` as a new list of ``RNGType``; unknown names and devices absent here are errors."""
     if rng_types is None:
         return []

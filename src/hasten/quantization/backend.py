@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import sys
+from types import ModuleType
+from typing import Optional
 
+import torch
 import torch.nn as nn
 
 INSTALL_HINT = "pip install 'hasten[bnb]'"
 
 
-def import_bnb(feature: str = "8-bit / 4-bit quantization"):
+def import_bnb(feature: str = "8-bit / 4-bit quantization") -> ModuleType:
     """The ``bitsandbytes`` module, or an ImportError that names the extra to install."""
     try:
         import bitsandbytes
@@ -18,12 +21,12 @@ def import_bnb(feature: str = "8-bit / 4-bit quantization"):
     return bitsandbytes
 
 
-def loaded_bnb():
+def loaded_bnb() -> Optional[ModuleType]:
     """bitsandbytes if the program imported it already, else None (no bnb layer can exist without it)."""
     return sys.modules.get("bitsandbytes")
 
 
-def is_bnb_layer(module) -> bool:
+def is_bnb_layer(module: nn.Module) -> bool:
     """Whether ``module`` is a bitsandbytes 8-bit or 4-bit linear layer."""
     bnb = loaded_bnb()
     layers = getattr(bnb, "nn", None)
@@ -39,6 +42,6 @@ def has_4bit_bnb_layers(model: nn.Module) -> bool:
     return any(isinstance(module, bnb.nn.Linear4bit) for module in model.modules())
 
 
-def get_parameter_device(parameter: nn.Module):
+def get_parameter_device(parameter: nn.Module) -> torch.device:
     """The device of the first parameter of ``parameter`` (a module)."""
     return next(parameter.parameters()).device

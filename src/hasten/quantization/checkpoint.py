@@ -9,10 +9,16 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
+import torch.nn as nn
 
 from ..big_modeling.checkpoint_files import SafetensorsFile, TorchFile, open_checkpoint, resolve_checkpoint_files
+
+if TYPE_CHECKING:
+    from ..config.quantization import BnbQuantizationConfig
 
 __all__ = ["CheckpointPlan", "plan_checkpoint", "split_layer_key"]
 
@@ -30,7 +36,7 @@ def _header(reader) -> dict:
     return header
 
 
-def split_layer_key(key: str, layers) -> tuple:
+def split_layer_key(key: str, layers: Collection[str]) -> tuple[Optional[str], str]:
     """``(layer, rest)`` when ``key`` belongs to one of the quantized ``layers`` (``rest``: ``"weight"``, ``"SCB"``,
     ``"weight.absmax"`` ...), else ``(None, key)``."""
     parts = key.split(".")
@@ -44,13 +50,16 @@ def split_layer_key(key: str, layers) -> tuple:
 class CheckpointPlan:
     """The files of a checkpoint, opened (headers only), and which of their keys the model takes."""
 
-    def __init__(self, files, readers, headers, prequantized: set, wanted: list):
+    def __init__(self, files: list[str], readers: list[Union[SafetensorsFile, TorchFile]],
+                 headers: list[dict[str, tuple[tuple[int, ...], torch.dtype]]], prequantized: set[str],
+                 wanted: list[list[str]]):
         self.files, self.readers, self.headers = files, readers, headers
         self.prequantized = prequantized  # quantized layers whose checkpoint is already quantized
         self.wanted = wanted  # per file, the keys to read
 
 
-def plan_checkpoint(weights_location, model, layers: set, config) -> CheckpointPlan:
+def plan_checkpoint(weights_location: Union[str, os.PathLike], model: nn.Module, layers: set[str],
+                    config: BnbQuantizationConfig) -> CheckpointPlan:
     """Open ``weights_location`` and check it against ``model`` (whose quantized ``layers`` are bitsandbytes layers
     on the meta device). Raises ValueError naming the first key whose shape differs (both shapes shown), or the
     parameters the checkpoint lacks; keys the model does not know are logged and ignored."""

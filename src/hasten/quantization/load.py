@@ -46,8 +46,9 @@ def _default_device():
     return "cpu"
 
 
-def get_quantized_model_device_map(model: nn.Module, bnb_quantization_config, device_map=None, max_memory=None,
-                                   no_split_module_classes=None) -> dict:
+def get_quantized_model_device_map(model: nn.Module, bnb_quantization_config: BnbQuantizationConfig,
+                                   device_map: Optional[Union[str, dict]] = None, max_memory: Optional[dict] = None,
+                                   no_split_module_classes: Optional[list[str]] = None) -> dict:
     """The device map of ``model`` once quantized: ``None`` puts everything on the default device (the first GPU,
     else the CPU); a strategy (``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``) is planned with
     the quantized sizes (int8 / 4-bit weights, ``torch_dtype`` and fp32 for the rest); a dict is checked."""

@@ -10,10 +10,14 @@ object on the parameter, which moving the parameter to the meta device between f
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from typing import Any, Optional, Union
+
 import torch
 import torch.nn as nn
 
-from ..big_modeling.hooks import ModelHook, SequentialHook
+from ..big_modeling.hooks import ForwardArguments, ModelHook, SequentialHook
 from ..big_modeling.offload import offload_weight
 from ..big_modeling.tensor_placement import set_module_tensor_to_device
 from .backend import import_bnb
@@ -21,7 +25,9 @@ from .backend import import_bnb
 __all__ = ["quantize_and_offload_8bit", "Int8OffloadHook", "attach_int8_offload_hooks"]
 
 
-def quantize_and_offload_8bit(model, param, param_name, new_dtype, offload_folder, offload_index, fp16_statistics):
+def quantize_and_offload_8bit(model: nn.Module, param: torch.Tensor, param_name: str, new_dtype: Optional[torch.dtype],
+                              offload_folder: Union[str, os.PathLike], offload_index: dict[str, dict],
+                              fp16_statistics: Optional[torch.Tensor]) -> dict[str, dict]:
     """Write the 8-bit weight ``param_name`` and its scales to ``offload_folder`` (recorded in ``offload_index``)
     and leave an empty int8 parameter on the meta device in ``model``.
 
@@ -43,17 +49,17 @@ class Int8OffloadHook(ModelHook):
     """Runs after the weight-loading hook of an offloaded ``Linear8bitLt``: gives bitsandbytes the layer's
     scales (read from ``scales_map[scales_name]``) for the forward, and forgets them and its int8 copy after."""
 
-    def __init__(self, scales_map, scales_name: str = "SCB"):
+    def __init__(self, scales_map: Mapping[str, torch.Tensor], scales_name: str = "SCB"):
         self.scales_map = scales_map
         self.scales_name = scales_name
 
-    def pre_forward(self, module, *args, **kwargs):
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> ForwardArguments:
         weight = module.weight
         weight.CB = weight.data
         weight.SCB = self.scales_map[self.scales_name].to(weight.device)
         return args, kwargs
 
-    def post_forward(self, module, output):
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
         module.state.CB = module.state.SCB = None
         module.weight.CB = module.weight.SCB = None
         return output

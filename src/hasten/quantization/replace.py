@@ -6,13 +6,18 @@ weight plus its ``SCB`` row scales, or a packed 4-bit weight plus its ``weight.*
 """
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn as nn
 
 from .backend import import_bnb, is_bnb_layer
+from ..core.aliases import Device
 from .skip import matches_module, resolve_unquantized
+
+if TYPE_CHECKING:
+    from ..config.quantization import BnbQuantizationConfig
 
 __all__ = ["replace_with_bnb_layers", "quantized_layer_names", "set_quantized_weight", "set_prequantized_weight"]
 
@@ -23,7 +28,7 @@ def _is_plain_linear(module) -> bool:
     return isinstance(module, nn.Linear) and not is_bnb_layer(module)
 
 
-def quantized_layer_names(model: nn.Module, modules_to_not_convert) -> list[str]:
+def quantized_layer_names(model: nn.Module, modules_to_not_convert: Collection[str]) -> list[str]:
     """Paths of the ``nn.Linear`` layers of ``model`` that quantization replaces (the root module is never)."""
     return [name for name, module in model.named_modules()
             if name and _is_plain_linear(module) and not matches_module(name, modules_to_not_convert)]
@@ -46,8 +51,9 @@ def _empty_bnb_layer(linear: nn.Linear, config) -> nn.Module:
     return layer
 
 
-def replace_with_bnb_layers(model: nn.Module, bnb_quantization_config, modules_to_not_convert: Optional[list] = None,
-                            current_key_name=None) -> nn.Module:
+def replace_with_bnb_layers(model: nn.Module, bnb_quantization_config: BnbQuantizationConfig,
+                            modules_to_not_convert: Optional[list] = None,
+                            current_key_name: Optional[list[str]] = None) -> nn.Module:
     """Replace the ``nn.Linear`` layers of ``model`` (except ``modules_to_not_convert``; default: the config's
     skip and keep-in-fp32 modules) by bitsandbytes layers, in place; the model is also returned.
 
@@ -73,7 +79,7 @@ def replace_with_bnb_layers(model: nn.Module, bnb_quantization_config, modules_t
     return model
 
 
-def set_quantized_weight(layer: nn.Module, value: torch.Tensor, device, config) -> None:
+def set_quantized_weight(layer: nn.Module, value: torch.Tensor, device: Device, config: BnbQuantizationConfig) -> None:
     """Quantize the float ``value`` into ``layer.weight`` on ``device`` (bitsandbytes quantizes on the move)."""
     bnb = import_bnb()
     value = value.to(config.torch_dtype)
@@ -87,7 +93,8 @@ def set_quantized_weight(layer: nn.Module, value: torch.Tensor, device, config) 
     layer._parameters["weight"] = param.to(device)
 
 
-def set_prequantized_weight(layer: nn.Module, value: torch.Tensor, extras: dict, device) -> None:
+def set_prequantized_weight(layer: nn.Module, value: torch.Tensor, extras: dict[str, torch.Tensor],
+                            device: Device) -> None:
     """Put an already-quantized weight into ``layer``: ``extras`` are its statistics keyed as in the layer's own
     state dict (``"SCB"`` for 8-bit, ``"weight.absmax"`` ... for 4-bit). Nothing is quantized again."""
     bnb = import_bnb()

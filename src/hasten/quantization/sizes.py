@@ -12,6 +12,7 @@ the quantization statistics bitsandbytes keeps next to each weight:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -19,6 +20,9 @@ import torch.nn as nn
 from ..big_modeling.sizes import compute_module_sizes
 from .replace import quantized_layer_names
 from .skip import matches_module, resolve_unquantized
+
+if TYPE_CHECKING:
+    from ..config.quantization import BnbQuantizationConfig
 
 __all__ = ["quantized_special_dtypes", "quantization_overhead", "quantized_module_sizes", "allocated_bytes"]
 
@@ -30,7 +34,8 @@ def _weight_dtype(config) -> torch.dtype:
     return torch.uint4 if config.load_in_4bit else torch.int8
 
 
-def quantized_special_dtypes(model: nn.Module, config, layers=None, keep=None) -> dict:
+def quantized_special_dtypes(model: nn.Module, config: BnbQuantizationConfig, layers: Optional[list[str]] = None,
+                             keep: Optional[list[str]] = None) -> dict[str, torch.dtype]:
     """Tensor name -> the dtype it is stored in when ``model`` is loaded quantized (tensors not listed take
     ``config.torch_dtype``): the quantized weights, and the floating tensors of keep-in-fp32 modules."""
     if layers is None or keep is None:
@@ -44,7 +49,7 @@ def quantized_special_dtypes(model: nn.Module, config, layers=None, keep=None) -
     return special
 
 
-def quantization_overhead(out_features: int, in_features: int, config) -> int:
+def quantization_overhead(out_features: int, in_features: int, config: BnbQuantizationConfig) -> int:
     """Bytes of the statistics bitsandbytes keeps for one quantized ``out x in`` weight."""
     if config.load_in_8bit:
         return 4 * out_features
@@ -54,7 +59,7 @@ def quantization_overhead(out_features: int, in_features: int, config) -> int:
     return blocks + 4 * math.ceil(blocks / _NESTED_BLOCKSIZE) + 4 * 256 + 4 * 16 + 4
 
 
-def quantized_module_sizes(model: nn.Module, config) -> dict:
+def quantized_module_sizes(model: nn.Module, config: BnbQuantizationConfig) -> dict[str, Union[int, float]]:
     """``compute_module_sizes`` of ``model`` as ``load_and_quantize_model`` would store it (``""``: the total),
     statistics included."""
     skip, keep = resolve_unquantized(model, config)

@@ -1,17 +1,22 @@
 """Which modules stay unquantized: the output head and tied weights by default, plus the user's choices."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from copy import deepcopy
+from typing import TYPE_CHECKING
 
 import torch.nn as nn
 
 from ..big_modeling.init_context import init_empty_weights
 from ..big_modeling.tied import find_tied_parameters
 
+if TYPE_CHECKING:
+    from ..config.quantization import BnbQuantizationConfig
+
 __all__ = ["get_keys_to_not_convert", "matches_module", "resolve_unquantized"]
 
 
-def matches_module(name: str, module_names) -> bool:
+def matches_module(name: str, module_names: Iterable[str]) -> bool:
     """Whether ``name`` (a module or tensor path) lies inside a module called one of ``module_names``: a full path
     (``"blocks.0.attn"``) or a name that appears as whole path components (``"head"`` matches ``"x.head.weight"``,
     not ``"x.header"``)."""
@@ -45,7 +50,7 @@ def get_keys_to_not_convert(model: nn.Module) -> list[str]:
     return names
 
 
-def resolve_unquantized(model: nn.Module, config) -> tuple[list[str], list[str]]:
+def resolve_unquantized(model: nn.Module, config: BnbQuantizationConfig) -> tuple[list[str], list[str]]:
     """``(skip_modules, keep_in_fp32_modules)`` for ``model``: the config's, or the default head / tied weights.
 
     Raises ValueError, listing the model's modules, when a name matches nothing in the model.

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import importlib.util
 from functools import wraps
-from typing import Optional
+from typing import Any, Callable, Optional, TypeVar
 
 __all__ = ["GeneralTracker", "on_main_process"]
 
+F = TypeVar("F", bound=Callable[..., Any])  # a tracker method, returned with its signature
 
-def on_main_process(function):
+
+def on_main_process(function: F) -> F:
     """Decorator for tracker methods: run on the main process only when the tracker's ``main_process_only`` is True.
 
     The process state is looked up when the method runs, not when the tracker is built.
     """
 
     @wraps(function)
-    def execute_on_main_process(self, *args, **kwargs):
+    def execute_on_main_process(self: GeneralTracker, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "main_process_only", False):
             from ..state import PartialState
 
@@ -51,7 +53,7 @@ class GeneralTracker:
         ``log_with`` and ``get_available_trackers`` ask; a tracker whose check is finer overrides it."""
         return cls.package is None or importlib.util.find_spec(cls.package) is not None
 
-    def __init__(self, _blank=False):
+    def __init__(self, _blank: bool = False):
         if _blank:
             return
         missing = [f"`{name}`" for name in ("name", "requires_logging_directory") if not hasattr(self, name)]
@@ -63,14 +65,14 @@ class GeneralTracker:
                 "define them in the class."
             )
 
-    def start(self):
+    def start(self) -> None:
         """Create the run (called lazily, once the process group exists)."""
 
-    def store_init_configuration(self, values: dict):
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Record ``values`` (str keys; bool, str, int, float or None values) as the run's hyperparameters."""
 
-    def log(self, values: dict, step: Optional[int] = None, **kwargs):
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         """Log ``values`` (str keys; str, int or float values) at ``step``."""
 
-    def finish(self):
+    def finish(self) -> None:
         """Close the run."""

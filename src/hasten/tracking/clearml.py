@@ -31,7 +31,7 @@ class ClearMLTracker(GeneralTracker):
     is_installed = staticmethod(imports.is_clearml_available)
     requires_logging_directory = False
 
-    def __init__(self, run_name: Optional[str] = None, **kwargs):
+    def __init__(self, run_name: Optional[str] = None, **kwargs: Any):
         super().__init__()
         self.user_provided_run_name = run_name
         self.init_kwargs = kwargs
@@ -39,7 +39,7 @@ class ClearMLTracker(GeneralTracker):
         self._initialized_externally = False
 
     @on_main_process
-    def start(self):
+    def start(self) -> None:
         clearml = import_tracker_package("clearml", self.name)
         current = clearml.Task.current_task()
         if current is not None:
@@ -51,15 +51,15 @@ class ClearMLTracker(GeneralTracker):
         self.task = clearml.Task.init(**arguments)
 
     @property
-    def tracker(self):
+    def tracker(self) -> Any:
         return self.task
 
     @on_main_process
-    def store_init_configuration(self, values: dict):
+    def store_init_configuration(self, values: dict[str, Any]) -> Any:
         return self.task.connect_configuration(prepare_config(values))
 
     @on_main_process
-    def log(self, values: dict, step: Optional[int] = None, **kwargs):
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         """Numbers become scalars (a single value without ``step``), strings are reported as text."""
         report = self.task.get_logger()
         for key, value in prepare_log_values(values).items():
@@ -75,7 +75,7 @@ class ClearMLTracker(GeneralTracker):
                 report.report_scalar(title=title, series=series, value=value, iteration=step, **kwargs)
 
     @on_main_process
-    def log_images(self, values: dict, step: Optional[int] = None, **kwargs):
+    def log_images(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         report = self.task.get_logger()
         for key, image in values.items():
             title, series = _title_series(key)
@@ -83,7 +83,7 @@ class ClearMLTracker(GeneralTracker):
 
     @on_main_process
     def log_table(self, table_name: str, columns: Optional[list[str]] = None, data: Optional[list[list[Any]]] = None,
-                  dataframe: Any = None, step: Optional[int] = None, **kwargs):
+                  dataframe: Any = None, step: Optional[int] = None, **kwargs: Any) -> None:
         """Report a table from a ``dataframe``, or from ``data`` rows (with ``columns`` as the header row)."""
         if dataframe is None and data is None:
             raise ValueError("ClearMLTracker.log_table needs `data` (rows) or a `dataframe`.")
@@ -92,6 +92,6 @@ class ClearMLTracker(GeneralTracker):
         self.task.get_logger().report_table(title=title, series=series, table_plot=table, iteration=step, **kwargs)
 
     @on_main_process
-    def finish(self):
+    def finish(self) -> None:
         if self.task is not None and not self._initialized_externally:
             self.task.close()

@@ -5,7 +5,7 @@ With a logging directory and no ``experiment_config`` in init_kwargs, offline ar
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from ..core import imports
 from .base import GeneralTracker, on_main_process
@@ -23,7 +23,7 @@ class CometMLTracker(GeneralTracker):
     is_installed = staticmethod(imports.is_comet_ml_available)
     requires_logging_directory = False
 
-    def __init__(self, run_name: str, **kwargs):
+    def __init__(self, run_name: str, **kwargs: Any):
         super().__init__()
         self.run_name = run_name
         self.init_kwargs = kwargs
@@ -36,20 +36,20 @@ class CometMLTracker(GeneralTracker):
             self.init_kwargs["experiment_config"] = comet_ml.ExperimentConfig(offline_directory=logging_dir)
 
     @on_main_process
-    def start(self):
+    def start(self) -> None:
         comet_ml = import_tracker_package("comet_ml", self.name)
         self.writer = comet_ml.start(project_name=self.run_name, **self.init_kwargs)
 
     @property
-    def tracker(self):
+    def tracker(self) -> Any:
         return self.writer
 
     @on_main_process
-    def store_init_configuration(self, values: dict):
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
         self.writer.log_parameters(prepare_config(values))
 
     @on_main_process
-    def log(self, values: dict, step: Optional[int] = None, **kwargs):
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         if step is not None:
             self.writer.set_step(step)
         for key, value in prepare_log_values(values).items():
@@ -61,6 +61,6 @@ class CometMLTracker(GeneralTracker):
                 self.writer.log_metric(key, value, step=step, **kwargs)
 
     @on_main_process
-    def finish(self):
+    def finish(self) -> None:
         if self.writer is not None:
             self.writer.end()

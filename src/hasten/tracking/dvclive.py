@@ -24,7 +24,7 @@ class DVCLiveTracker(GeneralTracker):
     is_installed = staticmethod(imports.is_dvclive_available)
     requires_logging_directory = False
 
-    def __init__(self, run_name: Optional[str] = None, live: Optional[Any] = None, **kwargs):
+    def __init__(self, run_name: Optional[str] = None, live: Optional[Any] = None, **kwargs: Any):
         super().__init__()
         self.run_name = run_name
         self.live = live
@@ -36,20 +36,20 @@ class DVCLiveTracker(GeneralTracker):
             self.init_kwargs.setdefault("dvcyaml", os.path.join(directory, "dvc.yaml"))  # not in the working dir
 
     @on_main_process
-    def start(self):
+    def start(self) -> None:
         if self.live is None:
             self.live = import_tracker_package("dvclive", self.name).Live(**self.init_kwargs)
 
     @property
-    def tracker(self):
+    def tracker(self) -> Any:
         return self.live
 
     @on_main_process
-    def store_init_configuration(self, values: dict):
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
         self.live.log_params(prepare_config(values))
 
     @on_main_process
-    def log(self, values: dict, step: Optional[int] = None, **kwargs):
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         """Numbers and strings become metrics at this step (``a/b`` for a dict's entries). A string is a param
         instead where the installed DVCLive cannot log it as a metric (``Metric.could_log``)."""
         if step is not None:
@@ -72,6 +72,6 @@ class DVCLiveTracker(GeneralTracker):
         self.live.log_metric(name, value, **kwargs)
 
     @on_main_process
-    def finish(self):
+    def finish(self) -> None:
         if self.live is not None:
             self.live.end()

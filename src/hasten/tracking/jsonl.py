@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from .base import GeneralTracker, on_main_process
 from .values import prepare_config, prepare_log_values
@@ -30,7 +30,7 @@ class JSONLTracker(GeneralTracker):
     name = "jsonl"
     requires_logging_directory = True
 
-    def __init__(self, run_name: str, logging_dir: Union[str, os.PathLike], **kwargs):
+    def __init__(self, run_name: str, logging_dir: Union[str, os.PathLike], **kwargs: Any):
         super().__init__()
         if kwargs:
             raise TypeError(f"JSONLTracker takes no extra arguments, got {sorted(kwargs)}.")
@@ -39,7 +39,7 @@ class JSONLTracker(GeneralTracker):
         self._file = None
 
     @property
-    def tracker(self):
+    def tracker(self) -> Any:
         """The open metrics file (None before ``start`` and after ``finish``)."""
         return self._file
 
@@ -48,19 +48,19 @@ class JSONLTracker(GeneralTracker):
         return os.path.join(self.logging_dir, METRICS_FILE)
 
     @on_main_process
-    def start(self):
+    def start(self) -> None:
         os.makedirs(self.logging_dir, exist_ok=True)
         self._file = open(self.metrics_path, "a", encoding="utf-8")
 
     @on_main_process
-    def store_init_configuration(self, values: dict):
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
         path = os.path.join(self.logging_dir, CONFIG_FILE)
         with open(path + ".tmp", "w", encoding="utf-8") as file:
             json.dump(prepare_config(values), file, indent=2, sort_keys=True)
         os.replace(path + ".tmp", path)  # a reader never sees half a file
 
     @on_main_process
-    def log(self, values: dict, step: Optional[int] = None, **kwargs):
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         if self._file is None:
             raise RuntimeError("The jsonl tracker is not started (or already finished): call start() first.")
         line = {"step": step, "time": time.time(), "values": prepare_log_values(values)}
@@ -68,7 +68,7 @@ class JSONLTracker(GeneralTracker):
         self._file.flush()
 
     @on_main_process
-    def finish(self):
+    def finish(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -50,7 +50,7 @@ class MLflowTracker(GeneralTracker):
             self.logging_dir = logging_dir
 
     @on_main_process
-    def start(self):
+    def start(self) -> None:
         mlflow = import_tracker_package("mlflow", self.name)
         if self.logging_dir is not None and not os.environ.get("MLFLOW_TRACKING_URI"):
             os.makedirs(self.logging_dir, exist_ok=True)
@@ -65,11 +65,11 @@ class MLflowTracker(GeneralTracker):
                                            nested=self.nested_run, tags=self.tags, description=self.description)
 
     @property
-    def tracker(self):
+    def tracker(self) -> Any:
         return self.active_run
 
     @on_main_process
-    def store_init_configuration(self, values: dict):
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Log the config as params, in batches MLflow accepts; values longer than MLflow allows are left out."""
         mlflow = import_tracker_package("mlflow", self.name)
         limits = mlflow.utils.validation
@@ -79,7 +79,7 @@ class MLflowTracker(GeneralTracker):
             mlflow.log_params(dict(params[start:start + limits.MAX_PARAMS_TAGS_PER_BATCH]))
 
     @on_main_process
-    def log(self, values: dict, step: Optional[int] = None, **kwargs):
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         """Log the numbers as metrics (``a/b`` for a dict's entries); MLflow metrics cannot be strings: they become
         tags."""
         mlflow = import_tracker_package("mlflow", self.name)
@@ -97,19 +97,19 @@ class MLflowTracker(GeneralTracker):
             mlflow.set_tags(texts)
 
     @on_main_process
-    def log_figure(self, figure: Any, artifact_file: str, **save_kwargs):
+    def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
         import_tracker_package("mlflow", self.name).log_figure(figure=figure, artifact_file=artifact_file,
                                                                 **save_kwargs)
 
     @on_main_process
-    def log_artifacts(self, local_dir: str, artifact_path: Optional[str] = None):
+    def log_artifacts(self, local_dir: str, artifact_path: Optional[str] = None) -> None:
         import_tracker_package("mlflow", self.name).log_artifacts(local_dir=local_dir, artifact_path=artifact_path)
 
     @on_main_process
-    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None):
+    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
         import_tracker_package("mlflow", self.name).log_artifact(local_path=local_path, artifact_path=artifact_path)
 
     @on_main_process
-    def finish(self):
+    def finish(self) -> None:
         if self.active_run is not None:
             import_tracker_package("mlflow", self.name).end_run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+from types import ModuleType
 from typing import Optional
 
 __all__ = ["how_to_install", "import_tracker_package"]
@@ -38,7 +39,7 @@ def how_to_install(distribution: str) -> str:
     return f"pip install 'hasten[{extra}]' (or pip install {distribution})" if extra else f"pip install {distribution}"
 
 
-def import_tracker_package(module: str, tracker: str, distribution: str | None = None):
+def import_tracker_package(module: str, tracker: str, distribution: str | None = None) -> ModuleType:
     """Import ``module`` for the ``tracker`` tracker, or raise ImportError naming the pip command that installs it.
 
     Imports happen when a tracker starts, never when hasten is imported: the packages are heavy and optional.

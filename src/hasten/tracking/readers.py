@@ -10,9 +10,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import numbers
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from .jsonl import CONFIG_FILE, METRICS_FILE
 from .tensorboard import HPARAMS_FILE
@@ -35,7 +36,7 @@ class RunLogs:
     sources: list = field(default_factory=list)  # the files read
     skipped: list = field(default_factory=list)  # (path, why) of logs that could not be read
 
-    def add(self, metric: str, run: str, step, value) -> None:
+    def add(self, metric: str, run: str, step: Optional[int], value: float) -> None:
         self.scalars.setdefault(metric, {}).setdefault(run, []).append((step, float(value)))
 
 
@@ -113,7 +114,7 @@ def _is_hparams_sub_run(folder: Path, event_folders: set) -> bool:
     return folder.parent in event_folders and (folder / HPARAMS_FILE).is_file() and _stamp(folder.name) > 0
 
 
-def read_run_logs(run_dir) -> RunLogs:
+def read_run_logs(run_dir: Union[str, os.PathLike]) -> RunLogs:
     """Every JSONL and TensorBoard log under ``run_dir``. Raises ``NoLogsFoundError`` when there is none (or none
     holds a scalar); TensorBoard files need the ``tensorboard`` package (ImportError naming the extra)."""
     root = Path(run_dir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from typing import Optional, Union
 
 from ..config.enums import LoggerType
@@ -19,6 +20,9 @@ from .swanlab import SwanLabTracker
 from .tensorboard import TensorBoardTracker
 from .trackio import TrackioTracker
 from .wandb import WandBTracker
+
+# What ``log_with`` names a tracker by: a ``LoggerType``, a registered name, or a tracker object.
+TrackerEntry = Union[str, LoggerType, GeneralTracker]
 
 __all__ = ["BUILTIN_TRACKERS", "check_log_with_names", "LOGGER_TYPE_TO_CLASS", "register_tracker_class",
            "get_available_trackers", "filter_trackers", "known_tracker_names", "is_tracker_installed"]
@@ -49,7 +53,7 @@ def known_tracker_names() -> list:
     return sorted(set(LoggerType.list()) | set(LOGGER_TYPE_TO_CLASS))
 
 
-def register_tracker_class(tracker_class: type[GeneralTracker]):
+def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
     """Make ``log_with="<tracker_class.name>"`` build ``tracker_class`` (a ``GeneralTracker`` subclass with ``name``
     and ``requires_logging_directory``). Registering under a built-in name replaces the built-in, with a warning."""
     if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
@@ -81,7 +85,7 @@ def _missing_package_error(name: str) -> ImportError:
 
 
 def filter_trackers(log_with: list[Union[str, LoggerType, GeneralTracker]],
-                    logging_dir: Optional[Union[str, os.PathLike]] = None):
+                    logging_dir: Optional[Union[str, os.PathLike]] = None) -> list[TrackerEntry]:
     """The trackers ``log_with`` asks for, without repeats: ``GeneralTracker`` instances as they are, tracker types
     (``LoggerType`` members, or registered names) by name. ``"all"`` means every installed tracker plus the
     instances given (those needing a logging directory left out when there is none).
@@ -123,7 +127,7 @@ def filter_trackers(log_with: list[Union[str, LoggerType, GeneralTracker]],
     return loggers
 
 
-def check_log_with_names(log_with) -> None:
+def check_log_with_names(log_with: Union[TrackerEntry, Sequence[TrackerEntry]]) -> None:
     """Raise ``ValueError`` listing the known tracker names, and those installed here, when ``log_with`` names one
     that is not known (a typo should not read as a missing package); tracker instances and known names pass."""
     known = known_tracker_names()

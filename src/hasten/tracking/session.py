@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import numbers
 import os
-from typing import Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .base import GeneralTracker
-from .registry import LOGGER_TYPE_TO_CLASS, filter_trackers
+from .registry import LOGGER_TYPE_TO_CLASS, TrackerEntry, filter_trackers
 from .values import prepare_log_values
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config.project import ProjectConfiguration
 
 __all__ = ["TrackerSession", "logging_dir_of"]
 
 
-def logging_dir_of(project_dir=None, project_config=None) -> Optional[str]:
+def logging_dir_of(project_dir: Optional[Union[str, os.PathLike]] = None,
+                   project_config: Optional[ProjectConfiguration] = None) -> Optional[str]:
     """The logging directory that ``Accelerator(project_dir=..., project_config=...)`` will have."""
     if project_config is not None and getattr(project_config, "logging_dir", None) is not None:
         return os.fspath(project_config.logging_dir)
@@ -46,7 +53,8 @@ def _check_step(step):
 class TrackerSession:
     """What ``log_with`` named (checked now: known, installed, logging directory present) and the open run."""
 
-    def __init__(self, log_with=None, logging_dir=None):
+    def __init__(self, log_with: Optional[Union[TrackerEntry, list[TrackerEntry]]] = None,
+                 logging_dir: Optional[Union[str, os.PathLike]] = None):
         self.log_with = filter_trackers(log_with, logging_dir)
         self.is_open = False
 
@@ -54,7 +62,8 @@ class TrackerSession:
     def names(self) -> list[str]:
         return [_entry_name(entry) for entry in self.log_with]
 
-    def start(self, project_name: str, config, init_kwargs, logging_dir, is_main_process: bool) -> list:
+    def start(self, project_name: str, config: Any, init_kwargs: Optional[dict[str, dict[str, Any]]],
+              logging_dir: Optional[Union[str, os.PathLike]], is_main_process: bool) -> list[GeneralTracker]:
         """Build and start the trackers that run on this process; return them. ``init_kwargs`` is
         ``{tracker name: {keyword: value}}`` for the built-in trackers' constructors."""
         if self.is_open and self.log_with:
@@ -110,7 +119,8 @@ class TrackerSession:
             tracker._use_logging_dir(os.fspath(logging_dir))
         return tracker
 
-    def log(self, trackers: list, values, step=None, log_kwargs: Optional[dict] = None,
+    def log(self, trackers: list[GeneralTracker], values: Mapping[str, Any],
+            step: Optional[Union[int, torch.Tensor]] = None, log_kwargs: Optional[dict[str, dict[str, Any]]] = None,
             is_main_process: bool = True) -> None:
         """Check ``values`` (tensors of one element become numbers) and ``step``, then log to ``trackers``. With no
         run open: an error on the main process, nothing on the others (their run may have been started on the main
@@ -126,7 +136,7 @@ class TrackerSession:
         for tracker in trackers:
             tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
 
-    def finish(self, trackers: list) -> None:
+    def finish(self, trackers: list[GeneralTracker]) -> None:
         """Finish every tracker (all of them, even when one fails; the first failure is raised after)."""
         error = None
         for tracker in trackers:
@@ -138,7 +148,7 @@ class TrackerSession:
         if error is not None:
             raise error
 
-    def get(self, trackers: list, name: str, unwrap: bool = False):
+    def get(self, trackers: list[GeneralTracker], name: str, unwrap: bool = False) -> Any:
         """The tracker called ``name`` on this process (its run object with ``unwrap``). A configured tracker that
         does not run here (another process's, or before init_trackers) is a blank tracker whose methods do
         nothing; a name that is not configured is a ValueError."""

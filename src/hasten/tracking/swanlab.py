@@ -3,6 +3,7 @@ them on disk). With a logging directory and no ``log_dir`` in init_kwargs, files
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ..core import imports
 from .base import on_main_process
@@ -27,7 +28,7 @@ class SwanLabTracker(RunTracker):
             self.init_kwargs["log_dir"] = os.path.join(logging_dir, "swanlog")
 
     @on_main_process
-    def store_init_configuration(self, values: dict):
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
         self._module().config.update(prepare_config(values))
 
     def _loggable(self, values: dict) -> dict:

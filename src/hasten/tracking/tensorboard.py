@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from ..core import imports
 from .base import GeneralTracker, on_main_process
@@ -53,7 +53,7 @@ class TensorBoardTracker(GeneralTracker):
     is_installed = staticmethod(imports.is_tensorboard_available)
     requires_logging_directory = True
 
-    def __init__(self, run_name: str, logging_dir: Union[str, os.PathLike], **kwargs):
+    def __init__(self, run_name: str, logging_dir: Union[str, os.PathLike], **kwargs: Any):
         super().__init__()
         self.run_name = run_name
         self.logging_dir_param = logging_dir
@@ -62,15 +62,15 @@ class TensorBoardTracker(GeneralTracker):
         self.writer = None
 
     @on_main_process
-    def start(self):
+    def start(self) -> None:
         self.writer = _summary_writer_class()(self.logging_dir, **self.init_kwargs)
 
     @property
-    def tracker(self):
+    def tracker(self) -> Any:
         return self.writer
 
     @on_main_process
-    def store_init_configuration(self, values: dict):
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
         import yaml
 
         config = prepare_config(values)
@@ -82,7 +82,7 @@ class TensorBoardTracker(GeneralTracker):
             yaml.safe_dump(config, file, sort_keys=True)
 
     @on_main_process
-    def log(self, values: dict, step: Optional[int] = None, **kwargs):
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         for key, value in prepare_log_values(values).items():
             if isinstance(value, str):
                 self.writer.add_text(key, value, global_step=step, **kwargs)
@@ -93,13 +93,13 @@ class TensorBoardTracker(GeneralTracker):
         self.writer.flush()
 
     @on_main_process
-    def log_images(self, values: dict, step: Optional[int] = None, **kwargs):
+    def log_images(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
         """Log batches of images (``{name: array of N images}``, ``add_images``'s ``dataformats`` in kwargs)."""
         for key, images in values.items():
             self.writer.add_images(key, images, global_step=step, **kwargs)
         self.writer.flush()
 
     @on_main_process
-    def finish(self):
+    def finish(self) -> None:
         if self.writer is not None:
             self.writer.close()

@@ -1,6 +1,8 @@
 """``TrackioTracker`` (``log_with="trackio"``): trackio runs, stored locally (a wandb-like API, no account)."""
 from __future__ import annotations
 
+from typing import Any
+
 from ..core import imports
 from .base import on_main_process
 from .run_tracker import RunTracker
@@ -20,5 +22,5 @@ class TrackioTracker(RunTracker):
     package = "trackio"
 
     @on_main_process
-    def store_init_configuration(self, values: dict):
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
         self._module().config.update(prepare_config(values), allow_val_change=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["prepare_log_values", "prepare_config"]
 
@@ -35,14 +36,14 @@ def _items(values: Mapping, where: str):
         yield key, value
 
 
-def prepare_log_values(values) -> dict:
+def prepare_log_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` checked and converted: one-element tensors and numpy scalars become Python numbers."""
     if not isinstance(values, Mapping):
         raise TypeError(f"Accelerator.log takes a dict of name -> value, got {type(values).__name__}.")
     return {key: _scalar(key, value) for key, value in _items(values, "the values")}
 
 
-def prepare_config(config) -> dict:
+def prepare_config(config: Any) -> dict[str, Any]:
     """The run's configuration as plain values: a dict (or an object with ``__dict__`` such as argparse's
     Namespace); tensors of one element become numbers, anything else that is not a plain value becomes its str."""
     if config is None:

@@ -32,18 +32,18 @@ class WandBTracker(RunTracker):
         self.init_kwargs.setdefault("dir", logging_dir)
 
     @on_main_process
-    def start(self):
+    def start(self) -> None:
         if self.init_kwargs.get("dir"):
             os.makedirs(self.init_kwargs["dir"], exist_ok=True)
         super().start()
 
     @on_main_process
-    def store_init_configuration(self, values: dict):
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
         self.run.config.update(prepare_config(values), allow_val_change=True)
 
     @on_main_process
     def log_table(self, table_name: str, columns: Optional[list[str]] = None, data: Optional[list[list[Any]]] = None,
-                  dataframe: Any = None, step: Optional[int] = None, **kwargs):
+                  dataframe: Any = None, step: Optional[int] = None, **kwargs: Any) -> None:
         """Log a ``wandb.Table`` from ``columns`` + ``data`` rows, or from a ``dataframe``."""
         table = self._module().Table(columns=columns, data=data, dataframe=dataframe)
         self.run.log({table_name: table}, step=step, **kwargs)

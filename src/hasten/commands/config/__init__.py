@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Optional
 
 from .config import config_command, config_command_parser
 from .config_args import default_config_file, load_config_from_file
@@ -21,7 +22,7 @@ __all__ = ["add_parser", "run", "get_config_parser", "main", "config_command_par
            "update_command_parser", "default_config_file", "load_config_from_file"]
 
 
-def get_config_parser(subparsers=None) -> argparse.ArgumentParser:
+def get_config_parser(subparsers: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
     """``hasten config`` with its ``default`` and ``update`` actions (on ``subparsers`` when given)."""
     parent = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     config_parser = config_command_parser(subparsers)
@@ -31,12 +32,12 @@ def get_config_parser(subparsers=None) -> argparse.ArgumentParser:
     return config_parser
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``hasten config`` on the ``hasten`` parser."""
     return get_config_parser(subparsers)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """The chosen action (``default``, ``update``), else the questions."""
     return int(getattr(args, "func", config_command)(args) or 0)
 

@@ -5,6 +5,7 @@ import argparse
 import os
 import sys
 import tempfile
+from typing import TYPE_CHECKING, Optional
 
 from ...config.config_file import default_config_path
 from ...config.enums import ComputeEnvironment
@@ -13,6 +14,9 @@ from ..flags import add_flag
 from .cluster import get_cluster_input
 from .questions import ask_choice
 from .sagemaker import get_sagemaker_input
+
+if TYPE_CHECKING:
+    from .config_args import ClusterConfig
 
 __all__ = ["config_command_parser", "config_command", "get_user_input", "description", "main"]
 
@@ -24,7 +28,7 @@ _DESCRIPTION = ("Answer a few questions about this machine (and the others, for 
                 "questions.")
 
 
-def get_user_input():
+def get_user_input() -> ClusterConfig:
     """Ask where training runs, then the questions for it; the config object."""
     environment = ask_choice("In which compute environment are you running?",
                              [("This machine (and others you launch on yourself)", ComputeEnvironment.LOCAL_MACHINE),
@@ -34,7 +38,7 @@ def get_user_input():
     return get_cluster_input()
 
 
-def config_command_parser(subparsers=None) -> argparse.ArgumentParser:
+def config_command_parser(subparsers: Optional[argparse._SubParsersAction] = None) -> argparse.ArgumentParser:
     """``hasten config``'s parser: registered on ``subparsers`` when given, else stand-alone."""
     if subparsers is not None:
         parser = subparsers.add_parser("config", help="write a config file (questions, or `default` at once)",
@@ -69,7 +73,7 @@ def _save(config, config_file: str) -> None:
             os.unlink(temporary)
 
 
-def config_command(args) -> int:
+def config_command(args: argparse.Namespace) -> int:
     """Ask the questions (a terminal is needed) and save the answers; 0 when saved, 130 when cancelled."""
     if not sys.stdin.isatty():
         raise CommandError("`hasten config` asks questions and needs a terminal (its input is not one). Without a "

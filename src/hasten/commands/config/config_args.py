@@ -31,7 +31,7 @@ cache_dir = os.path.dirname(default_config_file)
 default_json_config_file = os.path.join(cache_dir, "default_config.json")
 
 
-def load_config_from_file(config_file):
+def load_config_from_file(config_file: Optional[Union[str, os.PathLike]]) -> Union[ClusterConfig, SageMakerConfig]:
     """The ``ClusterConfig`` (or ``SageMakerConfig``) of ``config_file``, or of the default file when None."""
     if config_file is not None and not os.path.isfile(config_file):
         raise FileNotFoundError(
@@ -94,20 +94,20 @@ class BaseConfig:
         return cls(**config)
 
     @classmethod
-    def from_json_file(cls, json_file=None):
+    def from_json_file(cls, json_file: Optional[Union[str, os.PathLike]] = None) -> BaseConfig:
         return cls._from_settings(_files.load_config_file(json_file or default_json_config_file),
                                   json_file or default_json_config_file)
 
-    def to_json_file(self, json_file) -> None:
+    def to_json_file(self, json_file: Union[str, os.PathLike]) -> None:
         with open(json_file, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def from_yaml_file(cls, yaml_file=None):
+    def from_yaml_file(cls, yaml_file: Optional[Union[str, os.PathLike]] = None) -> BaseConfig:
         return cls._from_settings(_files.load_config_file(yaml_file or default_yaml_config_file),
                                   yaml_file or default_yaml_config_file)
 
-    def to_yaml_file(self, yaml_file) -> None:
+    def to_yaml_file(self, yaml_file: Union[str, os.PathLike]) -> None:
         with open(yaml_file, "w", encoding="utf-8") as handle:
             yaml.safe_dump(self.to_dict(), handle)
 

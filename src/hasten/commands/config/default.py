@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 from ...config.config_file import default_config_path, write_basic_config
@@ -17,7 +18,8 @@ __all__ = ["default_command_parser", "default_config_command", "write_basic_conf
 description = "Create a default config file for Accelerate with only a few flags set."
 
 
-def default_command_parser(parser, parents):
+def default_command_parser(parser: argparse._SubParsersAction,
+                           parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``default`` on ``parser`` (the subparsers of ``hasten config``)."""
     parser = parser.add_parser(
         "default", parents=parents, formatter_class=SubcommandHelpFormatter,
@@ -30,7 +32,7 @@ def default_command_parser(parser, parents):
     return parser
 
 
-def default_config_command(args) -> int:
+def default_config_command(args: argparse.Namespace) -> int:
     """Write the file; 0 when written, 1 when a file was already there."""
     location = args.save_location or default_config_path()
     try:

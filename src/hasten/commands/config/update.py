@@ -4,6 +4,7 @@ Old keys (``fp16: true``, a top-level ``dynamo_backend``) become today's and mis
 """
 from __future__ import annotations
 
+import argparse
 import os
 
 from ...config.config_file import default_config_path
@@ -18,7 +19,7 @@ __all__ = ["update_command_parser", "update_config_command", "update_config", "d
 description = "Update an existing config file with the latest defaults while maintaining the old configuration."
 
 
-def update_config(args) -> str:
+def update_config(args: argparse.Namespace) -> str:
     """Rewrite ``args.config_file`` (default: the default file) and return its path."""
     config_file = args.config_file or default_config_path()
     if not os.path.isfile(config_file):
@@ -34,7 +35,8 @@ def update_config(args) -> str:
     return config_file
 
 
-def update_command_parser(parser, parents):
+def update_command_parser(parser: argparse._SubParsersAction,
+                          parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``update`` on ``parser`` (the subparsers of ``hasten config``)."""
     parser = parser.add_parser("update", parents=parents, formatter_class=SubcommandHelpFormatter,
                                help="rewrite a config file in today's format", description=description)
@@ -44,6 +46,6 @@ def update_command_parser(parser, parents):
     return parser
 
 
-def update_config_command(args) -> int:
+def update_config_command(args: argparse.Namespace) -> int:
     print(f"hasten config update: updated {update_config(args)}")
     return 0

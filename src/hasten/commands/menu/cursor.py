@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 __all__ = ["hide_cursor", "show_cursor", "hide"]
@@ -38,7 +39,7 @@ def show_cursor() -> None:
 
 
 @contextmanager
-def hide():
+def hide() -> Iterator[None]:
     """The cursor hidden for the duration of the block, shown again even after an error or Ctrl+C."""
     hide_cursor()
     try:

@@ -20,13 +20,13 @@ def _width() -> int:
     return shutil.get_terminal_size().columns
 
 
-def forceWrite(content, end: str = "") -> None:  # noqa: N802 - Accelerate's name
+def forceWrite(content: object, end: str = "") -> None:  # noqa: N802 - Accelerate's name
     """Write and flush at once (the menu redraws in place)."""
     sys.stdout.write(str(content) + end)
     sys.stdout.flush()
 
 
-def writeColor(content, color: int, end: str = "") -> None:  # noqa: N802 - Accelerate's name
+def writeColor(content: object, color: int, end: str = "") -> None:  # noqa: N802 - Accelerate's name
     """Write in an ANSI colour (32: green)."""
     forceWrite(f"\033[{color}m{content}\033[0m", end)
 

@@ -1,20 +1,24 @@
 """Bind keys to methods: ``@mark(KEYMAP["up"])`` on a method, ``@register`` on its class."""
 from __future__ import annotations
 
+from typing import Any, Callable, TypeVar
+
 from .keymap import KEYMAP, get_character
 
 __all__ = ["mark", "mark_multiple", "KeyHandler", "register"]
 
+F = TypeVar("F", bound=Callable[..., Any])  # a key-handling method, returned as it came
 
-def mark(key: int):
+
+def mark(key: int) -> Callable[[F], F]:
     """The decorated method handles ``key`` (a ``KEYMAP`` code)."""
     return mark_multiple(key)
 
 
-def mark_multiple(*keys: int):
+def mark_multiple(*keys: int) -> Callable[[F], F]:
     """The decorated method handles each of ``keys``."""
 
-    def decorator(method):
+    def decorator(method: F) -> F:
         method.handle_key = [*getattr(method, "handle_key", []), *keys]
         return method
 
@@ -35,7 +39,7 @@ class KeyHandler(type):
         return new_cls
 
     @staticmethod
-    def handle_input(cls):
+    def handle_input(cls: Any) -> Any:
         """Read one key and call its method; the method's result (None for an unbound key)."""
         char = get_character()
         code = char if char == KEYMAP["undefined"] else ord(char)
@@ -46,6 +50,6 @@ class KeyHandler(type):
         return handler(cls)
 
 
-def register(cls):
+def register(cls: type) -> type:
     """``cls`` rebuilt with the ``KeyHandler`` metaclass."""
     return KeyHandler(cls.__name__, cls.__bases__, cls.__dict__.copy())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import string
 import sys
+from typing import Union
 
 __all__ = ["ARROW_KEY_FLAG", "KEYMAP", "get_raw_chars", "get_character"]
 
@@ -66,7 +67,7 @@ def get_raw_chars() -> str:
         termios.tcsetattr(descriptor, termios.TCSADRAIN, saved)
 
 
-def get_character():
+def get_character() -> Union[str, int]:
     """The key pressed: a printable character, Enter or Ctrl+C as such, an arrow as ``chr(KEYMAP[...])``;
     ``KEYMAP["undefined"]`` for anything else."""
     char = get_raw_chars()

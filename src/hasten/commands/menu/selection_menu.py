@@ -5,7 +5,7 @@ import builtins
 import importlib.util
 import os
 import sys
-from typing import Optional
+from typing import NoReturn, Optional
 
 from . import cursor, input
 from .helpers import Direction, clear_line, forceWrite, linebreak, move_cursor, reset_cursor, writeColor
@@ -80,25 +80,25 @@ class BulletMenu:
         self.print_choice(self.position)
 
     @input.mark(KEYMAP["up"])
-    def move_up(self):
+    def move_up(self) -> None:
         self.move_direction(Direction.UP)
 
     @input.mark(KEYMAP["down"])
-    def move_down(self):
+    def move_down(self) -> None:
         self.move_direction(Direction.DOWN)
 
     @input.mark(KEYMAP["newline"])
-    def select(self):
+    def select(self) -> int:
         move_cursor(len(self.choices) - self.position, "DOWN")
         return self.position
 
     @input.mark(KEYMAP["interrupt"])
-    def interrupt(self):
+    def interrupt(self) -> NoReturn:
         move_cursor(len(self.choices) - self.position, "DOWN")
         raise KeyboardInterrupt
 
     @input.mark_multiple(*[KEYMAP[str(number)] for number in range(10)])
-    def select_row(self):
+    def select_row(self) -> None:
         """A digit moves the arrow to that choice (Enter then picks it)."""
         index = int(chr(self.current_selection))
         if index < len(self.choices) and index != self.position:
