@@ -432,6 +432,49 @@ def test_no_room_writes_a_training_fact_into_the_process_wide_state():
                        "pass the value down as an argument):\n" + "\n".join(found))
 
 
+# Nor is a training setting read back from it: rooms are given what they need. The state is read only by the
+# facade's one creation (``AcceleratorState(...)`` with the run's settings) and, through ``AcceleratorState.current()``,
+# by the free functions Accelerate defines as following the state, which have no argument to be given it.
+FOLLOW_THE_STATE = ("precision/autocast.py", "strategies/deepspeed/wrappers.py", "strategies/deepspeed/strategy.py")
+
+
+def state_reads(root: Path = SOURCE_ROOT / PACKAGE) -> list:
+    """``file:line: expression`` for every read of the process-wide training state outside ``MAY_WRITE_FACTS``:
+    ``AcceleratorState()`` (no arguments: the existing state), ``AcceleratorState._shared_state``, and
+    ``AcceleratorState.current()`` outside ``FOLLOW_THE_STATE``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith(MAY_WRITE_FACTS):
+            continue
+        nodes = sorted((n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if hasattr(n, "lineno")),
+                       key=lambda n: (n.lineno, n.col_offset))
+        for node in nodes:
+            bare_call = isinstance(node, ast.Call) and not node.args and not node.keywords
+            if bare_call and isinstance(node.func, ast.Name) and node.func.id == "AcceleratorState":
+                found.append(f"{relative}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id == "AcceleratorState" and (
+                        node.attr == "_shared_state" or (node.attr == "current" and relative not in FOLLOW_THE_STATE)):
+                found.append(f"{relative}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_read_scan_finds_reads_of_the_state(tmp_path):
+    _write(tmp_path, {"pkg/mod.py": "def f():\n    AcceleratorState().mixed_precision\n"
+                                    "    AcceleratorState._shared_state.get('x')\n    AcceleratorState.current()\n"
+                                    "    AcceleratorState(mixed_precision='no')\n    PartialState().device\n",
+                      "pkg/precision/autocast.py": "AcceleratorState.current()\n"})
+    assert state_reads(tmp_path / "pkg") == ["mod.py:2: AcceleratorState()", "mod.py:3: AcceleratorState._shared_state",
+                                             "mod.py:4: AcceleratorState.current"]
+
+
+def test_no_room_reads_a_training_setting_back_from_the_process_wide_state():
+    found = state_reads()
+    assert not found, ("The process-wide training state read outside state.py (give the room the value as an "
+                       "argument; PartialState's process facts are free to read):\n" + "\n".join(found))
+
+
 # ----------------------------------------------------------------------------- typed signatures
 # The share of public functions whose signature is fully annotated only goes up: a new public function comes typed,
 # and an annotation once written stays. Raise the floor when the share rises (``python tests/test_code_structure.py``

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from .state import AcceleratorState, GradientState, PartialState
+from .state import GradientState, PartialState
 
 if TYPE_CHECKING:
     import torch
@@ -46,9 +46,7 @@ class AcceleratedScheduler:
     def _num_processes(self) -> int:
         if self.data_parallel_size is not None:
             return self.data_parallel_size
-        if AcceleratorState._shared_state:
-            return AcceleratorState().num_processes
-        return PartialState().num_processes if PartialState._shared_state else 1
+        return PartialState().num_processes if PartialState._shared_state else 1  # a process fact
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         if not self.step_with_optimizer:
