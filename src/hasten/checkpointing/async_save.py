@@ -34,7 +34,8 @@ from ..state import PartialState
 from .errors import CheckpointError
 from .model_files import _alias_key
 
-__all__ = ["detached_copy", "release_snapshot_memory", "completion_group", "PendingSave", "start", "wait_for_pending", "pending"]
+__all__ = ["detached_copy", "release_snapshot_memory", "completion_group", "PendingSave", "WriteNow",
+           "WriteInBackground", "start", "wait_for_pending", "pending"]
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +207,71 @@ class PendingSave:
 
     def join(self) -> None:
         self._thread.join()
+
+
+# ----------------------------------------------------------------------------- now, or in the background
+class WriteNow:
+    """A synchronous save's writing: the snapshot as taken, the save hooks and the files written on the calling
+    thread, then the checkpoint completed, each step agreed on by every process (``SaveTransaction``)."""
+
+    group = None  # the writers' collectives use the run's default group
+
+    def copy(self, snapshot: Any) -> Any:
+        return snapshot
+
+    def run(self, transaction: Any, run_hooks: Callable[[Path], None], write: Callable[[Path], None],
+            complete: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
+        """Write, then ``complete()`` on every process (the writer of the shared files completes the checkpoint
+        in it). A failure raises here, to the caller, which reports it (``failed`` is not needed)."""
+        def hooks_then_write(staging: Path) -> None:
+            run_hooks(staging)
+            write(staging)
+
+        transaction.write(hooks_then_write)
+        transaction.complete(complete)
+
+    def finish_alone(self, folder: Path, finish: Callable[[], None],
+                     abandon: Callable[[BaseException], None]) -> None:
+        """A step of this process only (adding its files to a checkpoint the main process wrote): now."""
+        finish()
+
+
+class WriteInBackground:
+    """An asynchronous save's writing, the same steps as ``WriteNow`` around the same format: the snapshot copied
+    to CPU memory (``detached_copy``), the save hooks on the calling thread, then writing and completing in a
+    background thread (``PendingSave``) that agrees on a gloo group of its own (``completion_group``).
+    ``every_process``: every process takes part (else this one alone: no group)."""
+
+    def __init__(self, every_process: bool):
+        self.group = completion_group() if every_process else None  # collective, on the first async save
+
+    def copy(self, snapshot: Any) -> Any:
+        return detached_copy(snapshot, reuse=True)
+
+    def run(self, transaction: Any, run_hooks: Callable[[Path], None], write: Callable[[Path], None],
+            complete: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
+        """The hooks now (user code, collectively, on this thread); writing and ``complete()`` in the background.
+        ``failed(error)``: told when the background save fails, after the staging folder is removed."""
+        transaction.write(run_hooks, during="running the save hooks")
+
+        def abandon(error: BaseException) -> None:
+            transaction.abandon()
+            failed(error)
+
+        def complete_or_report() -> None:
+            try:
+                complete()
+            except BaseException as error:
+                failed(error)
+                raise
+
+        start(PendingSave(transaction.final, lambda: write(transaction.staging), complete_or_report, abandon,
+                          self.group))
+
+    def finish_alone(self, folder: Path, finish: Callable[[], None],
+                     abandon: Callable[[BaseException], None]) -> None:
+        """A step of this process only, in the background (nothing to write: the files are staged already)."""
+        start(PendingSave(folder, lambda: None, finish, abandon, None))
 
 
 def start(save: PendingSave) -> None:

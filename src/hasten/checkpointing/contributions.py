@@ -138,10 +138,8 @@ def add_process_files(strategy, targets, folder: Path, handshake, async_save: bo
             raise
         files.add(save_id)
 
-    if async_save:
-        background.start(background.PendingSave(folder, lambda: None, finish, lambda error: files.abandon(), None))
-    else:
-        finish()
+    writing = background.WriteInBackground(every_process=False) if async_save else background.WriteNow()
+    writing.finish_alone(folder, finish, lambda error: files.abandon())
 
 
 def _record(folder: Path, marker: Optional[dict], process_index: int) -> Optional[dict]:

@@ -98,7 +98,8 @@ def save_state(strategy, targets, project, output_dir=None, safe_serialization: 
 
 def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool, participation, safe_serialization,
                       async_save: bool, save_model_func_kwargs: dict) -> str:
-    """The checkpoint itself, by every process or by this one alone (``participation``)."""
+    """The checkpoint itself, by every process or by this one alone (``participation``): the same steps now or,
+    with ``async_save``, in the background (``async_save.WriteNow`` / ``WriteInBackground``)."""
     from . import async_save as background
 
     processes = participation.processes  # None: every process
@@ -109,13 +110,10 @@ def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool,
         logger.info("save_state(async_save=True) on the main process alone writes synchronously (save_on_each_node).")
         async_save = False
     accepted = strategy.save_options_accepted
-
-    # collective, once, on the first async save that every process takes part in
-    group = background.completion_group() if async_save and processes is None else None
-    copy = (lambda taken: background.detached_copy(taken, reuse=True)) if async_save else (lambda taken: taken)
+    writing = background.WriteInBackground(every_process=processes is None) if async_save else background.WriteNow()
     options = dict(save_model_func_kwargs) if accepted else {}  # this save's, for the backend's IO
-    snapshot = together("collecting the state to save", lambda: copy(strategy.collect_checkpoint(targets, options)),
-                        processes=processes)
+    snapshot = together("collecting the state to save",
+                        lambda: writing.copy(strategy.collect_checkpoint(targets, options)), processes=processes)
     if automatic:
         together("cleaning the checkpoints folder",
                  lambda: remove_stale_staging(folder.parent)
@@ -130,15 +128,10 @@ def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool,
         snapshot.recapture_rng()  # what the hooks drew counts: the run continues from here
 
     def write(staging: Path) -> None:
-        if not async_save:
-            run_hooks(staging)
-        strategy.write_checkpoint(staging, snapshot, writes_shared_files=transaction.writes_shared_files,
-                                  process_index=PartialState().process_index, safe_serialization=safe_serialization,
-                                  process_group=group)  # None (the default group) unless writing in the background
-
-    def write_explained(staging: Path) -> None:
         try:
-            write(staging)
+            strategy.write_checkpoint(staging, snapshot, writes_shared_files=transaction.writes_shared_files,
+                                      process_index=PartialState().process_index,
+                                      safe_serialization=safe_serialization, process_group=writing.group)
         except CheckpointWriteError as error:
             if error.errno == errno.ENOSPC and automatic and project.total_limit is not None:
                 raise CheckpointWriteError(
@@ -157,43 +150,23 @@ def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool,
         metadata.update(contributions=True, save_id=save_id)
     elif participation.alone:
         metadata["saved_alone"] = True  # save_on_each_node: the other processes' random states are not in it
-    if async_save:
-        transaction.write(run_hooks, during="running the save hooks")  # user code: on this thread, collectively
-        writer = transaction.writes_shared_files
 
-        def complete() -> None:
-            try:
-                if writer:
-                    if handshake is not None:
-                        metadata["expected_processes"] = handshake.announced()
-                    transaction._complete(metadata)
-                    if automatic:
-                        enforce_total_limit(folder.parent, project.total_limit, keep=folder)
-            except BaseException as error:
-                if handshake is not None:
-                    handshake.publish_outcome(None, error)
-                raise
-            if handshake is not None:
-                handshake.publish_outcome(save_id)
+    def complete() -> None:
+        """Every process, once all wrote their files: the writer completes the checkpoint and applies
+        ``total_limit``; the processes adding their own files hear the outcome."""
+        if transaction.writes_shared_files:
+            if handshake is not None:  # the processes adding their own files: incomplete without them
+                metadata["expected_processes"] = handshake.announced()
+            transaction._complete(metadata)
+            if automatic:  # by every process that wrote a copy (one per machine without a shared file system)
+                enforce_total_limit(folder.parent, project.total_limit, keep=folder)
+        if handshake is not None:
+            handshake.publish_outcome(save_id)
 
-        def abandon(error: BaseException) -> None:
-            transaction.abandon()
-            if handshake is not None:
-                handshake.publish_outcome(None, error)
+    def failed(error: BaseException) -> None:
+        if handshake is not None:
+            handshake.publish_outcome(None, error)  # the processes adding their own files stop with an error too
 
-        background.start(background.PendingSave(folder, lambda: write_explained(transaction.staging), complete,
-                                                abandon, group))
-        project.iteration += 1
-        return str(folder)
-    transaction.write(write_explained)
-    if handshake is not None:  # the processes adding their own files: the checkpoint is incomplete without them
-        metadata["expected_processes"] = handshake.announced()
-    transaction.commit(metadata)
-    if automatic:  # by every process that wrote a copy (one per machine without a shared file system)
-        together("removing old checkpoints",
-                 lambda: enforce_total_limit(folder.parent, project.total_limit, keep=folder)
-                 if transaction.writes_shared_files else None, processes=processes)
-    if handshake is not None:
-        handshake.publish_outcome(save_id)
+    writing.run(transaction, run_hooks, write, complete, failed)
     project.iteration += 1
     return str(folder)

@@ -117,6 +117,15 @@ class SaveTransaction:
         swap_into_place(self.staging, self.final, is_checkpoint_file)
         self.lock.release(self.final)
 
+    def complete(self, function: Callable[[], None]) -> None:
+        """Collective: every process runs ``function``, in which the writer of the shared files completes the
+        checkpoint (``_complete``); on any failure the save is abandoned."""
+        try:
+            together("completing the checkpoint", function, processes=self.processes)
+        except BaseException:
+            self.abandon()
+            raise
+
     def commit(self, metadata: dict) -> None:
         """Collective: write the completion marker and rename the staging folder into place."""
         try:
