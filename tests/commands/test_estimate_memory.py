@@ -7,6 +7,7 @@ import sys
 import types
 
 import pytest
+import torch
 import torch.nn as nn
 
 from hasten.commands import estimate
@@ -229,3 +230,108 @@ def test_an_unreachable_hub_is_one_clear_line(monkeypatch):
     monkeypatch.setattr(estimate, "verify_on_hub", offline)
     with pytest.raises(CommandError, match="looked up as a Hugging Face Hub model.*could not be reached"):
         estimate.run(_parse("bert-base-cased"))
+
+
+# ------------------------------------------------------------------ every row in its own dtype (issue 39)
+LLAMA_3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+              "rope_theta": 500000.0, "tie_word_embeddings": False}
+# the dtype entries a config.json can carry: Transformers 5 writes "dtype", older releases "torch_dtype"
+CONFIG_DTYPES = [{"torch_dtype": "bfloat16"}, {"torch_dtype": "float32"}, {"torch_dtype": "float16"}, {},
+                 {"torch_dtype": "auto"}, {"dtype": "bfloat16"}, {"dtype": "float16"}, {"dtype": "auto"}]
+ALL_DTYPES = ["float32", "float16", "bfloat16", "int8", "int4"]
+
+
+def _llama_parameters(hidden=4096, inter=14336, layers=32, heads=32, kv_heads=8, vocab=128256):
+    """Llama's parameter count from its shapes: embedding and untied head, per layer q/k/v/o, the gated MLP and
+    two norms, and the final norm."""
+    kv = kv_heads * hidden // heads
+    layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter + 2 * hidden
+    return 2 * vocab * hidden + layers * layer + hidden
+
+
+def _llama_folder(folder, entry):
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**LLAMA_3_8B, **entry}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def float32_llama_rows(tmp_path_factory):
+    pytest.importorskip("transformers")
+    folder = _llama_folder(tmp_path_factory.mktemp("llama-fp32"), {"torch_dtype": "float32"})
+    return {row["dtype"]: row for row in estimate.estimate(estimate.create_empty_model(str(folder)), ALL_DTYPES)}
+
+
+@pytest.mark.parametrize("entry", CONFIG_DTYPES, ids=lambda entry: "-".join(map(str, entry.items())) or "absent")
+def test_rows_convert_whatever_dtype_the_config_builds_in(tmp_path, entry, float32_llama_rows):
+    """A Llama-3-8B-sized config: each row stores every floating tensor in that row's dtype, so the config's
+    torch_dtype / dtype (bfloat16 before: float32 printed the bfloat16 size) changes no figure."""
+    model = estimate.create_empty_model(str(_llama_folder(tmp_path / "llama", entry)))
+    params = _llama_parameters()
+    assert params == 8_030_261_248 == estimate._count(model)
+    floating_buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())  # rotary frequencies
+    assert floating_buffers == sum(b.numel() for b in model.buffers())
+    rows = {row["dtype"]: row for row in estimate.estimate(model, ALL_DTYPES)}
+    assert rows["float32"]["total_size"] == 4 * (params + floating_buffers)  # 29.92 GiB
+    assert abs(rows["float32"]["total_size"] / 2**30 - 29.92) < 0.005
+    assert rows["float16"]["total_size"] == rows["bfloat16"]["total_size"] == rows["float32"]["total_size"] / 2
+    embedding = 128256 * 4096  # the largest layer: the embedding (= the untied head), not a whole decoder layer
+    assert rows["float32"]["largest_layer"] == 4 * embedding
+    assert rows["float16"]["largest_layer"] == rows["bfloat16"]["largest_layer"] == 2 * embedding
+    for name in ("float32", "float16", "bfloat16"):
+        assert rows[name]["training_adam"] == 16 * params
+    # int8 / int4 (bitsandbytes' layout, the rest in float16) do not depend on the built dtype either
+    for name in ("int8", "int4"):
+        assert rows[name] == float32_llama_rows[name]
+    assert rows == float32_llama_rows
+
+
+def test_int8_row_of_the_llama_config_from_its_shapes(float32_llama_rows):
+    """Linear weights in int8 plus one float32 scale per output row; embedding, head, norms and buffers in
+    float16."""
+    hidden, inter, kv, layers, vocab = 4096, 14336, 1024, 32, 128256
+    linear = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter
+    scales = 4 * (hidden + kv + kv + hidden + inter + inter + hidden)
+    rest = 2 * (2 * vocab * hidden + (2 * layers + 1) * hidden + 128)
+    assert float32_llama_rows["int8"]["total_size"] == layers * (linear + scales) + rest
+
+
+def test_the_table_of_a_bfloat16_config(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    assert estimate.run(_parse(str(_llama_folder(tmp_path / "llama", {"torch_dtype": "bfloat16"})))) == 0
+    lines = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    assert "29.92 GiB" in lines["float32"] and "1.96 GiB" in lines["float32"]
+    assert "14.96 GiB" in lines["float16"] and "1002.00 MiB" in lines["float16"]
+
+
+class _TiedNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.block = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6))
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight  # tied: counted once
+        self.register_buffer("steps", torch.zeros(3, dtype=torch.int64))
+        self.register_buffer("scale", torch.ones(5, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("built", [torch.float32, torch.bfloat16, torch.float16])
+def test_module_sizes_in_dtype_counts_elements(built):
+    from hasten.big_modeling import init_empty_weights
+    from hasten.big_modeling.sizes import compute_module_sizes, module_sizes_in_dtype
+
+    with init_empty_weights(include_buffers=True):
+        model = _TiedNet().to(built)
+    assert model.steps.dtype == torch.int64 and model.embed.weight.dtype == built
+    floating = sum(t.numel() for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point())
+    assert floating == 10 * 4 + (4 * 6 + 6) + (6 + 6) + 5
+    for row, per_element in (("float32", 4), ("bfloat16", 2), (torch.float16, 2), ("int8", 1), ("int4", 0.5)):
+        sizes = module_sizes_in_dtype(model, row)
+        assert sizes[""] == floating * per_element + 3 * 8, row  # the int64 buffer keeps its 8 bytes
+        assert sizes["block"] == (4 * 6 + 6 + 6 + 6) * per_element
+        assert sizes["embed.weight"] == 40 * per_element and "head.weight" not in sizes
+    # device-map planning keeps its rule: loading never makes a floating tensor bigger than it was built
+    own = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    assert compute_module_sizes(model, dtype="float32")[""] == own

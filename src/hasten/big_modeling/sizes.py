@@ -17,7 +17,8 @@ from .device_memory import accelerator_count, accelerator_type, available_memory
 from .module_tensors import walk_modules
 
 __all__ = ["convert_bytes", "compute_module_sizes", "compute_module_total_buffer_size", "get_max_layer_size", "get_max_memory",
-           "get_balanced_memory", "convert_file_size_to_int", "dtype_byte_size", "calculate_maximum_sizes"]
+           "get_balanced_memory", "convert_file_size_to_int", "dtype_byte_size", "calculate_maximum_sizes",
+           "module_sizes_in_dtype"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +92,14 @@ def _is_integral(dtype: torch.dtype) -> bool:
 
 
 class _Sizer:
-    """Bytes of one tensor given the load ``dtype`` and per-tensor ``special_dtypes``."""
+    """Bytes of one tensor given the load ``dtype`` and per-tensor ``special_dtypes``. A floating tensor takes the
+    smaller of ``dtype`` and its own dtype (loading never upcasts, as device-map planning assumes), or, with
+    ``convert``, exactly ``dtype``'s size, whatever dtype it was built in."""
 
-    def __init__(self, dtype=None, special_dtypes=None):
+    def __init__(self, dtype=None, special_dtypes=None, *, convert: bool = False):
         self.target = dtype_byte_size(dtype) if dtype is not None else None
         self.special = {k: dtype_byte_size(v) for k, v in (special_dtypes or {}).items()}
+        self.convert = convert
         self._per_dtype: dict = {}
 
     def __call__(self, name: str, tensor: torch.Tensor):
@@ -104,7 +108,10 @@ class _Sizer:
         per_element = self._per_dtype.get(tensor.dtype)
         if per_element is None:
             own = dtype_byte_size(tensor.dtype)
-            per_element = own if self.target is None or _is_integral(tensor.dtype) else min(self.target, own)
+            if self.target is None or _is_integral(tensor.dtype):
+                per_element = own
+            else:
+                per_element = self.target if self.convert else min(self.target, own)
             self._per_dtype[tensor.dtype] = per_element
         return tensor.numel() * per_element
 
@@ -132,6 +139,18 @@ def compute_module_sizes(model: nn.Module, dtype: Optional[Union[str, torch.dtyp
     """
     kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
     return _sizes(walk_modules(model), _Sizer(dtype, special_dtypes), kinds)
+
+
+def module_sizes_in_dtype(model: nn.Module, dtype: Union[str, torch.dtype]) -> dict[str, Union[int, float]]:
+    """Bytes of every submodule and tensor of ``model`` once stored in ``dtype``, keyed by dotted name (``""`` is
+    the whole model), whatever dtype the model was built in (a meta model works).
+
+    Every floating parameter and buffer counts its number of elements times ``dtype``'s bytes per element
+    (``"int8"``: 1, ``"int4"``: 1/2, as plain per-element storage without quantization statistics); integer
+    and bool tensors keep their own dtype's size. Tied weights are counted once, under their first name.
+    ``hasten estimate-memory``'s float rows (total and largest layer) come from here.
+    """
+    return _sizes(walk_modules(model), _Sizer(dtype, convert=True), ("_parameters", "_buffers"))
 
 
 def _sizes(walk, sizer: "_Sizer", kinds) -> dict:

@@ -323,9 +323,7 @@ def _from_transformers_config(path: str, config: dict, kwargs: dict, trust_remot
     except ImportError as error:
         raise CommandError(str(error)) from None
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    # trust_remote_code is always passed: False keeps the folder's own modeling files (auto_map) from running
-    auto_config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True,
-                                                          **{**kwargs, "trust_remote_code": trust_remote_code})
+    auto_config = _load_transformers_config(transformers, folder, config, kwargs, trust_remote_code)
     architectures = config.get("architectures") or []
     model_class = getattr(transformers, str(architectures[0]), None) if architectures else None
     if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
@@ -336,6 +334,37 @@ def _from_transformers_config(path: str, config: dict, kwargs: dict, trust_remot
         else:
             model = transformers.AutoModel.from_config(auto_config, trust_remote_code=trust_remote_code)
     return _checked_module(model, path)
+
+
+def _unresolved_dtypes(config: dict) -> dict:
+    """``{"torch_dtype": None}`` / ``{"dtype": None}`` for each of a Transformers config's dtype keys whose value
+    names no torch dtype (``"auto"``: "the checkpoint's"), which Transformers cannot read a config with."""
+    import torch
+
+    def unresolved(value) -> bool:
+        return isinstance(value, str) and not isinstance(getattr(torch, value.replace("torch.", ""), None), torch.dtype)
+
+    return {key: None for key in ("torch_dtype", "dtype") if unresolved(config.get(key))}
+
+
+def _load_transformers_config(transformers, folder: str, config: dict, kwargs: dict, trust_remote_code: bool):
+    """The folder's ``AutoConfig`` with ``kwargs`` applied. A dtype naming no torch dtype (``"auto"``) is unset, so
+    the model is built in the default dtype: the figures do not depend on it, each row converting every floating
+    tensor to its own dtype."""
+    import logging
+
+    overrides = _unresolved_dtypes({**(config if isinstance(config, dict) else {}), **kwargs})
+    # unsetting "torch_dtype" makes Transformers 5 warn that the name is deprecated: the user did not write it
+    config_logger = logging.getLogger("transformers.configuration_utils")
+    level = config_logger.level
+    if overrides:
+        config_logger.setLevel(logging.ERROR)
+    try:
+        # trust_remote_code is always passed: False keeps the folder's own modeling files (auto_map) from running
+        return transformers.AutoConfig.from_pretrained(
+            folder, local_files_only=True, **{**kwargs, **overrides, "trust_remote_code": trust_remote_code})
+    finally:
+        config_logger.setLevel(level)
 
 
 def _checked_module(model, spec: str):
@@ -353,13 +382,12 @@ def _count(model) -> int:
 
 def estimate(model: nn.Module, dtypes: Sequence[str], no_split: Optional[Sequence[str]] = None) -> list[dict]:
     """Per dtype: ``{"dtype", "largest_layer", "total_size", "training_adam"}`` in bytes (training None for
-    integer dtypes). Floating weights take the dtype's size (never more than they have); integer tensors keep
-    theirs. int8 / int4 give what ``load_and_quantize_model`` allocates with a default ``BnbQuantizationConfig``:
-    the linear layers quantized (with their scales), the output head / tied weights and every other floating
-    tensor in float16."""
-    import torch
-
-    from hasten.big_modeling.sizes import compute_module_sizes, get_max_layer_size
+    integer dtypes). float32 / float16 / bfloat16: every floating parameter and buffer stored in that dtype,
+    whatever dtype the model was built in (a config's ``torch_dtype``), integer tensors in theirs
+    (``module_sizes_in_dtype``). int8 / int4 give what ``load_and_quantize_model`` allocates with a default
+    ``BnbQuantizationConfig``: the linear layers quantized (with their scales), the output head / tied weights
+    and every other floating tensor in float16."""
+    from hasten.big_modeling.sizes import get_max_layer_size, module_sizes_in_dtype
     from hasten.config.quantization import BnbQuantizationConfig
     from hasten.quantization.sizes import quantized_module_sizes
 
@@ -373,7 +401,7 @@ def estimate(model: nn.Module, dtypes: Sequence[str], no_split: Optional[Sequenc
             config = BnbQuantizationConfig(load_in_8bit=name == "int8", load_in_4bit=name == "int4")
             sizes = quantized_module_sizes(model, config)
         else:
-            sizes = compute_module_sizes(model, dtype=getattr(torch, name))
+            sizes = module_sizes_in_dtype(model, name)
         largest, _ = get_max_layer_size(top, sizes, no_split)
         training = None
         if name in ("float32", "float16", "bfloat16"):
