@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 import weakref
-from typing import Callable, Optional
+from typing import IO, TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
 import torch
 from torch import nn
@@ -42,6 +42,28 @@ from .strategies.deepspeed.wrappers import (  # noqa: F401 - Accelerate's names 
     DummyOptim,
     DummyScheduler,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.algorithms.join import Joinable
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.optim.lr_scheduler import LRScheduler
+    from torch.utils.data import DataLoader
+    from torch.utils.hooks import RemovableHandle
+
+    from .checkpointing.targets import CheckpointTargets
+    from .config.accumulation import GradientAccumulationPlugin
+    from .config.data import DataLoaderConfiguration
+    from .config.deepspeed import DeepSpeedPlugin
+    from .config.dynamo import TorchDynamoPlugin
+    from .config.enums import DistributedType, DynamoBackend, RNGType
+    from .config.fp8 import AORecipeKwargs, FP8BackendType
+    from .config.fsdp import FullyShardedDataParallelPlugin
+    from .config.kwargs import KwargsHandler
+    from .config.megatron import MegatronLMPlugin
+    from .config.project import ProjectConfiguration
+    from .core.aliases import NestedData
+    from .parallel.config import ParallelismConfig, TorchTensorParallelPlugin
+    from .tracking.registry import TrackerEntry
 
 __all__ = ["Accelerator"]
 
@@ -93,11 +115,21 @@ class Accelerator:
 
     def __init__(self, device_placement: bool = True, split_batches: bool = SPLIT_BATCHES_UNSET,
                  mixed_precision: Optional[str] = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
-                 dataloader_config=None, deepspeed_plugin=None, fsdp_plugin=None, torch_tp_plugin=None,
-                 megatron_lm_plugin=None, rng_types=None, log_with=None, project_dir=None, project_config=None,
-                 gradient_accumulation_plugin=None, step_scheduler_with_optimizer: bool = True,
-                 kwargs_handlers=None, dynamo_backend=None, dynamo_plugin=None, deepspeed_plugins=None,
-                 parallelism_config=None):
+                 dataloader_config: Optional[DataLoaderConfiguration] = None,
+                 deepspeed_plugin: Optional[Union[DeepSpeedPlugin, dict[str, DeepSpeedPlugin]]] = None,
+                 fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
+                 torch_tp_plugin: Optional[TorchTensorParallelPlugin] = None,
+                 megatron_lm_plugin: Optional[MegatronLMPlugin] = None,
+                 rng_types: Optional[list[Union[str, RNGType]]] = None,
+                 log_with: Optional[Union[TrackerEntry, list[TrackerEntry]]] = None,
+                 project_dir: Optional[Union[str, os.PathLike]] = None,
+                 project_config: Optional[ProjectConfiguration] = None,
+                 gradient_accumulation_plugin: Optional[GradientAccumulationPlugin] = None,
+                 step_scheduler_with_optimizer: bool = True, kwargs_handlers: Optional[list[KwargsHandler]] = None,
+                 dynamo_backend: Optional[Union[DynamoBackend, str]] = None,
+                 dynamo_plugin: Optional[TorchDynamoPlugin] = None,
+                 deepspeed_plugins: Optional[Union[DeepSpeedPlugin, dict[str, DeepSpeedPlugin]]] = None,
+                 parallelism_config: Optional[ParallelismConfig] = None):
         device_placement = parse_bool(device_placement, "Accelerator(device_placement=...)")
         step_scheduler_with_optimizer = parse_bool(step_scheduler_with_optimizer,
                                                    "Accelerator(step_scheduler_with_optimizer=...)")
@@ -198,7 +230,7 @@ class Accelerator:
         return self.state.device
 
     @property
-    def distributed_type(self):
+    def distributed_type(self) -> DistributedType:
         return self.state.distributed_type
 
     @property
@@ -271,7 +303,7 @@ class Accelerator:
         return self.dataloader_config.split_batches
 
     @property
-    def dispatch_batches(self):
+    def dispatch_batches(self) -> Optional[bool]:
         return self.dataloader_config.dispatch_batches
 
     @property
@@ -295,11 +327,11 @@ class Accelerator:
         return self.dataloader_config.use_stateful_dataloader
 
     @property
-    def project_dir(self):
+    def project_dir(self) -> Optional[str]:
         return self.project_configuration.project_dir
 
     @property
-    def logging_dir(self):
+    def logging_dir(self) -> Optional[str]:
         return self.project_configuration.logging_dir
 
     @property
@@ -338,7 +370,7 @@ class Accelerator:
         return next((handler for cls, handler in self.handlers.items() if cls.__name__ == kind), None)
 
     @property
-    def ao_recipe_handler(self):
+    def ao_recipe_handler(self) -> Optional[AORecipeKwargs]:
         """The ``AORecipeKwargs`` fp8 trains with: the one given, or under ``mixed_precision="fp8"`` the default one
         the run made (torchao is hasten's fp8 library); None otherwise."""
         return self._handler("AORecipeKwargs") or getattr(self.precision, "recipe", None)
@@ -365,7 +397,7 @@ class Accelerator:
                    for optimizer in self._optimizers)
 
     @property
-    def deepspeed_plugin(self):
+    def deepspeed_plugin(self) -> Optional[DeepSpeedPlugin]:
         """The active ``DeepSpeedPlugin``; None when DeepSpeed is not in use."""
         return self.state.deepspeed_plugin
 
@@ -379,12 +411,12 @@ class Accelerator:
         return self.is_fsdp2
 
     @property
-    def parallelism_config(self):
+    def parallelism_config(self) -> Optional[ParallelismConfig]:
         """The ``ParallelismConfig`` of N-D parallelism; None without one."""
         return self.state.parallelism_config
 
     @property
-    def torch_device_mesh(self):
+    def torch_device_mesh(self) -> Optional[DeviceMesh]:
         """The ``DeviceMesh`` of N-D parallelism; None without ``parallelism_config``."""
         return self.state.device_mesh
 
@@ -417,7 +449,7 @@ class Accelerator:
         return self.strategy.layout.dp_rank
 
     @property
-    def fp8_backend(self):
+    def fp8_backend(self) -> FP8BackendType:
         """The library running fp8 training: ``FP8BackendType.AO`` (torchao) with ``mixed_precision="fp8"``, else
         ``FP8BackendType.NO``."""
         return self.precision.fp8_backend
@@ -443,7 +475,7 @@ class Accelerator:
         return f"Accelerator({self.strategy!r}, mixed_precision={self.mixed_precision!r})"
 
     # ------------------------------------------------------------------ preparing objects
-    def prepare(self, *args, device_placement=None):
+    def prepare(self, *args: Any, device_placement: Optional[list[Optional[bool]]] = None) -> Any:
         """Prepare models, optimizers, schedulers and data loaders, in any order and number.
 
         Returns them in the order given (a single object is returned alone). Objects that are already prepared,
@@ -518,7 +550,7 @@ class Accelerator:
         return config
 
     @property
-    def deepspeed_engine_wrapped(self):
+    def deepspeed_engine_wrapped(self) -> Optional[DeepSpeedEngineWrapper]:
         """The first DeepSpeed engine this Accelerator prepared, in a ``DeepSpeedEngineWrapper`` (its ``engine``;
         ``backward(loss, sync_gradients)`` runs the engine's backward and, at a boundary, its step), as the
         reference keeps it; None before ``prepare`` built an engine, and under the other backends. The same
@@ -531,7 +563,7 @@ class Accelerator:
         return self._engine_wrapper
 
     @deepspeed_engine_wrapped.setter
-    def deepspeed_engine_wrapped(self, wrapper) -> None:
+    def deepspeed_engine_wrapped(self, wrapper: Optional[DeepSpeedEngineWrapper]) -> None:
         self._engine_wrapper = wrapper
 
     def _is_prepared(self, obj) -> bool:
@@ -620,7 +652,8 @@ class Accelerator:
                     type(optimizer).__name__,
                 )
 
-    def prepare_model(self, model: nn.Module, device_placement: Optional[bool] = None, evaluation_mode: bool = False):
+    def prepare_model(self, model: nn.Module, device_placement: Optional[bool] = None,
+                      evaluation_mode: bool = False) -> nn.Module:
         """Prepare one model: mixed-precision forward, device placement, the strategy's wrapper, compilation.
 
         ``evaluation_mode=True`` prepares a model for inference only (no DDP wrapper).
@@ -632,14 +665,16 @@ class Accelerator:
                                            evaluation_mode=evaluation_mode)
         return models[0]
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: Optional[bool] = None):
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
+                          device_placement: Optional[bool] = None) -> torch.optim.Optimizer:
         """Wrap one optimizer in an ``AcceleratedOptimizer``."""
         if self._is_prepared(optimizer):
             return optimizer
         _, optimizers = self._prepare_training([], [optimizer], [], [self._placement(device_placement)])
         return optimizers[0]
 
-    def prepare_scheduler(self, scheduler):
+    def prepare_scheduler(self, scheduler: Union[LRScheduler, DummyScheduler, AcceleratedScheduler]
+                          ) -> Union[AcceleratedScheduler, LRScheduler, DummyScheduler]:
         """Wrap one learning-rate scheduler in an ``AcceleratedScheduler`` bound to its prepared optimizer."""
         if self._is_prepared(scheduler):
             return scheduler
@@ -673,7 +708,8 @@ class Accelerator:
         self._prepared.add(scheduler)
         return self._remember(wrapped, self._schedulers)
 
-    def prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: Optional[bool] = None,
+                            slice_fn_for_dispatch: Optional[Callable[..., Any]] = None) -> DataLoader:
         """Shard a ``DataLoader`` across processes (see ``hasten.data.prepare_data_loader``)."""
         if self._is_prepared(data_loader):
             return data_loader
@@ -690,14 +726,15 @@ class Accelerator:
         self.strategy.note_data_loader(data_loader)
         return self._remember(prepared, self._dataloaders)
 
-    def skip_first_batches(self, dataloader, num_batches: int = 0):
+    def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """A loader that starts ``num_batches`` into the current epoch (resuming mid-epoch)."""
         from .data.resume import skip_first_batches
 
         return skip_first_batches(dataloader, num_batches=num_batches)
 
     # ------------------------------------------------------------------ the training step
-    def backward(self, loss: torch.Tensor, num_items_in_batch=None, **kwargs) -> None:
+    def backward(self, loss: torch.Tensor, num_items_in_batch: Optional[Union[int, torch.Tensor]] = None,
+                 **kwargs: Any) -> None:
         """``loss.backward()``, divided by the accumulation steps and scaled for fp16.
 
         Token-level losses: pass the *summed* loss of this micro-batch and ``num_items_in_batch``, the number of
@@ -720,7 +757,7 @@ class Accelerator:
                                accumulation_steps=self.gradient_accumulation_steps,
                                num_items_in_batch=num_items_in_batch, sync_gradients=self.sync_gradients, **kwargs)
 
-    def accumulate(self, *models):
+    def accumulate(self, *models: nn.Module) -> ContextManager[Any]:
         """One batch of gradient accumulation: gradients are synchronised only on the batch that ends a cycle.
 
         Inside, ``sync_gradients`` says whether this is that batch; the prepared optimizer and scheduler step
@@ -729,22 +766,23 @@ class Accelerator:
         return self._accumulator.accumulate(models)
 
     @contextlib.contextmanager
-    def no_sync(self, model):
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
         """Accumulate gradients locally (no inter-process communication) in the block."""
         with self.strategy.no_sync(model):
             yield
 
-    def trigger_sync_in_backward(self, model):
+    def trigger_sync_in_backward(self, model: nn.Module) -> ContextManager[Any]:
         """A context in which the next backward synchronises gradients even inside ``no_sync`` (uneven inputs)."""
         return self.strategy.trigger_sync_in_backward(model)
 
-    def autocast(self, autocast_handler: Optional[AutocastKwargs] = None):
+    def autocast(self, autocast_handler: Optional[AutocastKwargs] = None) -> ContextManager[None]:
         """The mixed-precision autocast context (to run code outside the prepared model's forward)."""
         return self.precision.autocast(autocast_handler)
 
     @contextlib.contextmanager
-    def maybe_context_parallel(self, buffers: Optional[list] = None, buffer_seq_dims: Optional[list] = None,
-                               no_restore_buffers: Optional[set] = None):
+    def maybe_context_parallel(self, buffers: Optional[list[torch.Tensor]] = None,
+                               buffer_seq_dims: Optional[list[int]] = None,
+                               no_restore_buffers: Optional[set[torch.Tensor]] = None) -> Iterator[None]:
         """Shard ``buffers`` along their sequence dimension for context parallelism in the block (one training
         step): each rank of a ``cp`` group computes on its slice, attention over the whole sequence (see
         docs/context-parallelism.md). Arguments: ``buffers`` (inputs, labels, position ids ...), their
@@ -762,7 +800,7 @@ class Accelerator:
         with block or contextlib.nullcontext():
             yield
 
-    def loss_parallel(self):
+    def loss_parallel(self) -> ContextManager[Any]:
         """The block computing the loss from logits split over the classes (hasten's; a tensor-parallel plan whose
         head is ``"loss_parallel"``): ``F.cross_entropy`` works on each rank's share of the classes, never
         gathering the logits. ``accelerator.backward`` enters it by itself. Without such a head: no effect."""
@@ -789,13 +827,14 @@ class Accelerator:
         """Whether ``model`` (or a submodule) was dispatched across several devices with a device map."""
         return any(len(getattr(module, "hf_device_map", None) or {}) > 1 for module in model.modules())
 
-    def deepspeed_ulysses_dl_adapter(self, dl, model):
+    def deepspeed_ulysses_dl_adapter(self, dl: DataLoader, model: nn.Module) -> Iterable[Any]:
         """``dl`` fed to the sequence-parallel group through DeepSpeed's Ulysses adapter (``prepare`` does it for
         loaders prepared with the model; call this for one prepared apart, after the model); ``dl`` itself without
         DeepSpeed sequence parallelism."""
         return self.strategy.sequence_parallel_loader(dl, model)
 
-    def unscale_gradients(self, optimizer=None) -> None:
+    def unscale_gradients(self, optimizer: Optional[Union[torch.optim.Optimizer, list[torch.optim.Optimizer],
+                                                          tuple[torch.optim.Optimizer, ...]]] = None) -> None:
         """Divide fp16-scaled gradients by the loss scale (done for you before clipping)."""
         if self.scaler is None or not self.sync_gradients:
             return
@@ -803,7 +842,8 @@ class Accelerator:
                                                                   else [optimizer])
         self.strategy.unscale_gradients(optimizers)
 
-    def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
+    def clip_grad_norm_(self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], max_norm: float,
+                        norm_type: float = 2) -> Optional[Union[torch.Tensor, float]]:
         """Clip the gradients' total norm (after unscaling fp16 gradients); returns the norm before clipping.
 
         While accumulating (``sync_gradients`` False) gradients are partial, so nothing is clipped and None is
@@ -815,7 +855,7 @@ class Accelerator:
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type, models=self._models,
                                              optimizers=self._optimizers)
 
-    def clip_grad_value_(self, parameters, clip_value) -> None:
+    def clip_grad_value_(self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], clip_value: float) -> None:
         """Clamp every gradient to ``[-clip_value, clip_value]`` (after unscaling fp16 gradients)."""
         if not self.sync_gradients:
             return
@@ -826,49 +866,53 @@ class Accelerator:
     # Gathers and reductions run over the data-parallel processes (all of them without model parallelism): the
     # ranks of one tensor/context-parallel group hold the same results, which must count once.
     @torch.no_grad()
-    def gather(self, tensor):
+    def gather(self, tensor: NestedData) -> NestedData:
         """All-gather (nested) tensors from every data-parallel process, concatenated on dim 0."""
         return operations._gather(tensor, "gather", self.strategy.data_processes())
 
-    def gather_for_metrics(self, input_data, use_gather_object: bool = False):
+    def gather_for_metrics(self, input_data: NestedData, use_gather_object: bool = False) -> NestedData:
         """Gather evaluation results, dropping the samples ``even_batches`` duplicated: each sample once."""
         return _gather_for_metrics(input_data, use_gather_object=use_gather_object,
                                    processes=self.strategy.data_processes())
 
-    def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
+    def reduce(self, tensor: NestedData, reduction: str = "sum", scale: float = 1.0) -> NestedData:
         """Reduce (nested) tensors across the data-parallel processes (and the context-parallel ones, which hold
         one slice of the sequences each): "sum" (default here), "mean", "max", "min" or "none"."""
         return operations._reduce(tensor, reduction, scale, self.strategy.reduction_processes())
 
-    def pad_across_processes(self, tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
+    def pad_across_processes(self, tensor: NestedData, dim: int = 0, pad_index: int = 0,
+                             pad_first: bool = False) -> NestedData:
         """Pad (nested) tensors on ``dim`` to the largest size across processes, so they can be gathered."""
         return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
-    def split_between_processes(self, inputs, apply_padding: bool = False):
+    def split_between_processes(self, inputs: Union[list, tuple, dict, torch.Tensor],
+                                apply_padding: bool = False) -> ContextManager[Union[list, tuple, dict, torch.Tensor]]:
         return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
-    def main_process_first(self):
+    def main_process_first(self) -> ContextManager[None]:
         return self.state.main_process_first()
 
-    def local_main_process_first(self):
+    def local_main_process_first(self) -> ContextManager[None]:
         return self.state.local_main_process_first()
 
-    def on_main_process(self, function: Callable = None):
+    def on_main_process(self, function: Optional[Callable[..., Any]] = None) -> Callable[..., Any]:
         return self.state.on_main_process(function)
 
-    def on_local_main_process(self, function: Callable = None):
+    def on_local_main_process(self, function: Optional[Callable[..., Any]] = None) -> Callable[..., Any]:
         return self.state.on_local_main_process(function)
 
-    def on_last_process(self, function: Callable = None):
+    def on_last_process(self, function: Optional[Callable[..., Any]] = None) -> Callable[..., Any]:
         return self.state.on_last_process(function)
 
-    def on_process(self, function: Callable = None, process_index: int = None):
+    def on_process(self, function: Optional[Callable[..., Any]] = None,
+                   process_index: Optional[int] = None) -> Callable[..., Any]:
         return self.state.on_process(function, process_index=process_index)
 
-    def on_local_process(self, function: Callable = None, local_process_index: int = None):
+    def on_local_process(self, function: Optional[Callable[..., Any]] = None,
+                         local_process_index: Optional[int] = None) -> Callable[..., Any]:
         return self.state.on_local_process(function, local_process_index=local_process_index)
 
-    def print(self, *args, **kwargs) -> None:
+    def print(self, *args: Any, **kwargs: Any) -> None:
         self.state.print(*args, **kwargs)
 
     def wait_for_everyone(self) -> None:
@@ -890,7 +934,8 @@ class Accelerator:
         return False
 
     @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables, even_batches=None):
+    def join_uneven_inputs(self, joinables: Iterable[Union[nn.Module, Joinable]],
+                           even_batches: Optional[bool] = None) -> Iterator[None]:
         """Train on loaders of different lengths across processes without hanging (``torch.distributed.algorithms.Join``).
 
         ``even_batches`` temporarily overrides the prepared loaders' setting (False lets them stay uneven).
@@ -944,7 +989,8 @@ class Accelerator:
                 sampler.even_batches = value
 
     # ------------------------------------------------------------------ models and memory
-    def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> nn.Module:
         """The user's model without the strategy's wrappers (and, on request, without autocast / compilation)."""
         unwrapped = self.strategy.unwrap(model, keep_fp32_wrapper=keep_fp32_wrapper,
                                          keep_torch_compile=keep_torch_compile)
@@ -965,7 +1011,7 @@ class Accelerator:
                 found[name] = _storage_address(parameter) if drop_refs else parameter
         return found
 
-    def get_state_dict(self, model, unwrap: bool = True) -> dict:
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict:
         """The model's full state dict, as the strategy gathers it (the real weights of a model dispatched with
         CPU or disk offload). ``unwrap=False``: the wrapper's own ``state_dict()``."""
         if not unwrap:
@@ -974,7 +1020,7 @@ class Accelerator:
 
         return full_state_dict(self.strategy, model)
 
-    def free_memory(self, *objects):
+    def free_memory(self, *objects: Any) -> list:
         """Drop the Accelerator's references to prepared objects and free device memory; returns ``objects`` freed."""
         self._models.clear()
         self._optimizers.clear()
@@ -985,12 +1031,12 @@ class Accelerator:
         self.strategy.forget()
         return release_memory(*objects)
 
-    def clear(self, *objects):
+    def clear(self, *objects: Any) -> list:
         """Alias of ``free_memory``."""
         return self.free_memory(*objects)
 
-    def find_executable_batch_size(self, function: Callable = None, starting_batch_size: int = 128,
-                                   reduce_batch_size_fn: Callable = None):
+    def find_executable_batch_size(self, function: Optional[Callable[..., Any]] = None, starting_batch_size: int = 128,
+                                   reduce_batch_size_fn: Optional[Callable[[], int]] = None) -> Callable[..., Any]:
         """``find_executable_batch_size`` that also frees this Accelerator's prepared objects before each retry."""
         from .core.memory import find_executable_batch_size
 
@@ -1007,8 +1053,8 @@ class Accelerator:
                                           reduce_batch_size_fn=reduce_batch_size_fn)
 
     # ------------------------------------------------------------------ checkpointing (hasten/checkpointing)
-    def save_state(self, output_dir=None, safe_serialization: bool = True, *, async_save: bool = False,
-                   **save_model_func_kwargs) -> str:
+    def save_state(self, output_dir: Optional[Union[str, os.PathLike]] = None, safe_serialization: bool = True, *,
+                   async_save: bool = False, **save_model_func_kwargs: Any) -> str:
         """Save models, optimizers, schedulers, loader positions, scaler, random states, the accumulation step
         and registered objects to a folder, atomically; returns the folder.
 
@@ -1034,7 +1080,8 @@ class Accelerator:
 
         return wait_for_pending()
 
-    def load_state(self, input_dir=None, load_kwargs: Optional[dict] = None, **load_model_func_kwargs) -> str:
+    def load_state(self, input_dir: Optional[Union[str, os.PathLike]] = None, load_kwargs: Optional[dict] = None,
+                   **load_model_func_kwargs: Any) -> str:
         """Restore what ``save_state`` saved; returns the folder loaded.
 
         ``input_dir`` defaults to the newest *complete* automatic checkpoint. ``load_kwargs`` go to
@@ -1047,7 +1094,8 @@ class Accelerator:
         return load_state(self.strategy, self.checkpoint_targets(), self.project_configuration, input_dir,
                           load_kwargs=load_kwargs, **load_model_func_kwargs)
 
-    def save_model(self, model, save_directory, max_shard_size="10GB", safe_serialization: bool = True) -> None:
+    def save_model(self, model: nn.Module, save_directory: Union[str, os.PathLike],
+                   max_shard_size: Union[int, str] = "10GB", safe_serialization: bool = True) -> None:
         """Save ``model``'s weights (sharded safetensors + index when larger than ``max_shard_size``; tied
         weights once) in the layout ``load_checkpoint_in_model`` and other libraries read."""
         from .checkpointing import save_model
@@ -1056,7 +1104,7 @@ class Accelerator:
                    safe_serialization=safe_serialization,
                    save_on_each_node=self.project_configuration.save_on_each_node)
 
-    def checkpoint_targets(self):
+    def checkpoint_targets(self) -> CheckpointTargets:
         """What ``save_state`` / ``load_state`` save and restore, as one explicit ``CheckpointTargets``: the
         prepared models, optimizers, schedulers and loaders in preparation order, the scaler, registered
         objects, the accumulation step and the save / load hooks."""
@@ -1073,13 +1121,13 @@ class Accelerator:
             load_hooks=list(self._load_model_state_pre_hook.values()), device=self.device,
         )
 
-    def register_for_checkpointing(self, *objects) -> None:
+    def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore ``objects`` (each with ``state_dict()`` / ``load_state_dict()``) with the state."""
         from .checkpointing.targets import check_registrable
 
         self._custom_objects.extend(check_registrable(objects))
 
-    def register_save_state_pre_hook(self, hook: Callable[..., None]):
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` in ``save_state`` before files are written; returns a handle
         whose ``remove()`` unregisters it. ``weights`` are the models' state dicts (remove one to skip saving it);
         ``output_dir`` is the folder being written (it becomes the checkpoint when the save completes)."""
@@ -1091,7 +1139,7 @@ class Accelerator:
         self._save_model_state_pre_hook[handle.id] = hook
         return handle
 
-    def register_load_state_pre_hook(self, hook: Callable[..., None]):
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` in ``load_state`` before anything is loaded (remove a model from the
         list to load it yourself); returns a handle whose ``remove()`` unregisters it."""
         from torch.utils.hooks import RemovableHandle
@@ -1102,13 +1150,13 @@ class Accelerator:
         self._load_model_state_pre_hook[handle.id] = hook
         return handle
 
-    def save(self, obj, f, safe_serialization: bool = False) -> None:
+    def save(self, obj: Any, f: Union[str, os.PathLike, IO[bytes]], safe_serialization: bool = False) -> None:
         """Save ``obj`` once per run (or per machine with ``save_on_each_node``), atomically."""
         _save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node,
               safe_serialization=safe_serialization)
 
     @contextlib.contextmanager
-    def profile(self, profile_handler: Optional[ProfileKwargs] = None):
+    def profile(self, profile_handler: Optional[ProfileKwargs] = None) -> Iterator[torch.profiler.profile]:
         """Profile the block with ``torch.profiler``; with ``output_trace_dir`` a Chrome trace per process is written."""
         handler = profile_handler or self.handlers.get(ProfileKwargs) or ProfileKwargs()
         profiler = handler.build()
@@ -1123,7 +1171,8 @@ class Accelerator:
         self.wait_for_everyone()
 
     # ------------------------------------------------------------------ trackers (the logic: hasten/tracking/session.py)
-    def init_trackers(self, project_name: str, config: Optional[dict] = None, init_kwargs: Optional[dict] = None):
+    def init_trackers(self, project_name: str, config: Optional[dict] = None,
+                      init_kwargs: Optional[dict[str, dict[str, Any]]] = None) -> None:
         """Start the trackers given by ``log_with`` with ``config`` as the run's hyperparameters. Arguments:
         ``project_name``, ``config=None``, ``init_kwargs=None`` (``{tracker name: {keyword: value}}`` for the
         trackers' constructors). Call it on every process (trackers run on the main process only unless their
@@ -1146,7 +1195,7 @@ class Accelerator:
         self.wait_for_checkpoint()
         self._tracking.finish(self.trackers)
 
-    def get_tracker(self, name: str, unwrap: bool = False):
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The tracker called ``name`` (its underlying run object with ``unwrap``); on a process where it does not
         run, a blank tracker whose methods do nothing."""
         return self._tracking.get(self.trackers, name, unwrap)

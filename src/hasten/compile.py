@@ -9,8 +9,12 @@ identity and optimizers created before ``prepare`` keep working.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any, Optional
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from .config.dynamo import TorchDynamoPlugin
 
 __all__ = ["compile_model", "compile_regions", "remove_regional_compilation", "repeated_block_containers",
            "is_compiled_module", "has_compiled_regions", "is_repeated_blocks", "has_repeated_blocks",
@@ -40,7 +44,7 @@ def repeated_block_containers(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def compile_regions(module: nn.Module, **compile_kwargs) -> nn.Module:
+def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     """Compile ``module`` region by region (in place) and return it; the whole module if nothing repeats."""
     containers = repeated_block_containers(module)
     if not containers:
@@ -65,7 +69,7 @@ def compile_regions(module: nn.Module, **compile_kwargs) -> nn.Module:
     return module
 
 
-def compile_model(model: nn.Module, **compile_kwargs) -> nn.Module:
+def compile_model(model: nn.Module, **compile_kwargs: Any) -> nn.Module:
     """``torch.compile(model)``: an ``OptimizedModule`` around the model (parameters shared)."""
     import torch
 
@@ -79,7 +83,7 @@ def remove_regional_compilation(model: nn.Module) -> nn.Module:
     return model
 
 
-def apply_dynamo_plugin(model: nn.Module, plugin) -> nn.Module:
+def apply_dynamo_plugin(model: nn.Module, plugin: Optional[TorchDynamoPlugin]) -> nn.Module:
     """Compile ``model`` as the ``TorchDynamoPlugin`` says (unchanged when compilation is off)."""
     if plugin is None or not plugin.enabled:
         return model
@@ -95,13 +99,13 @@ def _optimized_module_type():
     return getattr(eval_frame, "OptimizedModule", None)
 
 
-def is_compiled_module(module) -> bool:
+def is_compiled_module(module: nn.Module) -> bool:
     """Whether ``module`` is the wrapper ``torch.compile(model)`` returns."""
     optimized = _optimized_module_type()
     return optimized is not None and isinstance(module, optimized)
 
 
-def has_compiled_regions(module) -> bool:
+def has_compiled_regions(module: nn.Module) -> bool:
     """Whether ``module`` or one of its submodules is compiled: wrapped by ``torch.compile`` or compiled in
     place (``nn.Module.compile``, what ``compile_regions`` does)."""
     if _optimized_module_type() is None:
@@ -110,23 +114,23 @@ def has_compiled_regions(module) -> bool:
                for sub in module.modules())
 
 
-def is_repeated_blocks(module) -> bool:
+def is_repeated_blocks(module: nn.Module) -> bool:
     """Whether ``module`` is a stack that regional compilation compiles block by block: a ``ModuleList`` or
     ``Sequential`` of two or more children of one class."""
     containers = repeated_block_containers(module)
     return bool(containers) and containers[0] is module
 
 
-def has_repeated_blocks(module) -> bool:
+def has_repeated_blocks(module: nn.Module) -> bool:
     """Whether ``module`` holds such a stack at any depth (itself included)."""
     return bool(repeated_block_containers(module))
 
 
-def compile_regions_deepspeed(module, **compile_kwargs) -> None:
+def compile_regions_deepspeed(module: nn.Module, **compile_kwargs: Any) -> None:
     """Regional compilation of a DeepSpeed engine's inner model, in place (hasten's ``compile_regions``)."""
     compile_regions(module, **compile_kwargs)
 
 
-def compile_regions_fsdp2(module, **compile_kwargs):
+def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     """Regional compilation in place, so hooks that ``fully_shard`` adds later still run; returns ``module``."""
     return compile_regions(module, **compile_kwargs)

@@ -15,7 +15,7 @@ import functools
 import os
 import threading
 import warnings
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, Union
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,16 @@ from .core.hardware import get_cpu_distributed_information
 from .core.imports import is_torch_xla_available
 from .core.lazy import lazy_exports
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.utils.data import DataLoader
+
+    from .config.accumulation import GradientAccumulationPlugin
+    from .config.deepspeed import DeepSpeedPlugin
+    from .config.dynamo import TorchDynamoPlugin
+    from .config.fsdp import FullyShardedDataParallelPlugin
+    from .config.megatron import MegatronLMPlugin
+
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized", "SharedDict",
            "ThreadLocalSharedDict", "do_nothing"]
 
@@ -38,7 +48,7 @@ def is_initialized() -> bool:
     return AcceleratorState._shared_state != {}
 
 
-def do_nothing(*args, **kwargs):
+def do_nothing(*args: Any, **kwargs: Any) -> None:
     """Take anything, do nothing, return None (a stand-in callback)."""
     return None
 
@@ -64,6 +74,30 @@ class ThreadLocalSharedDict(threading.local):
 
 # One state per process, or per thread under torch_xla (see ThreadLocalSharedDict).
 SharedDict = ThreadLocalSharedDict if is_torch_xla_available() else dict
+
+# Objects of rooms above this one (strategies, parallel) that the state holds: described here, not imported, as no
+# import runs up a floor.
+class _Run(Protocol):
+    """What the state asks of the registered run (the Accelerator's ``Strategy``)."""
+
+    def state_views(self) -> dict: ...
+
+    def selected_deepspeed_plugin(self) -> Optional[str]: ...
+
+    def select_deepspeed_plugin(self, name: Optional[str]) -> None: ...
+
+
+class _TensorParallelPlugin(Protocol):
+    """A ``TorchTensorParallelPlugin`` (its tensor-parallel size)."""
+
+    tp_size: int
+
+
+class _MeshConfig(Protocol):
+    """A ``ParallelismConfig``: the owner of the run's ``DeviceMesh``."""
+
+    @property
+    def device_mesh(self) -> Optional[DeviceMesh]: ...
 
 
 # Names scripts written for Accelerate also import from this module; they resolve lazily to hasten's own.
@@ -187,7 +221,7 @@ class PartialState:
         "local_process_index", "fork_launched", "debug",
     ]
 
-    def __init__(self, cpu: bool = False, _for_deepspeed: bool = False, **kwargs):
+    def __init__(self, cpu: bool = False, _for_deepspeed: bool = False, **kwargs: Any):
         self.__dict__ = self._shared_state
         if self.initialized:
             if cpu and self.device.type != "cpu":
@@ -335,19 +369,20 @@ class PartialState:
             self.wait_for_everyone()
 
     @contextlib.contextmanager
-    def main_process_first(self):
+    def main_process_first(self) -> Iterator[None]:
         """The main process runs the block first (e.g. to download or preprocess); the others then follow."""
         with self._goes_first(self.is_main_process):
             yield
 
     @contextlib.contextmanager
-    def local_main_process_first(self):
+    def local_main_process_first(self) -> Iterator[None]:
         """Like ``main_process_first``, once per machine."""
         with self._goes_first(self.is_local_main_process):
             yield
 
     @contextlib.contextmanager
-    def split_between_processes(self, inputs, apply_padding: bool = False):
+    def split_between_processes(self, inputs: Union[list, tuple, dict, torch.Tensor],
+                                apply_padding: bool = False) -> Iterator[Union[list, tuple, dict, torch.Tensor]]:
         """Yield this process's contiguous share of ``inputs`` (list, tuple, dict of sequences, tensor).
 
         Shares differ by at most one element, the first processes taking the extra ones. With
@@ -357,26 +392,28 @@ class PartialState:
         yield split_for_process(inputs, self.num_processes, self.process_index, apply_padding)
 
     # ------------------------------------------------------------------ decorators and printing
-    def on_main_process(self, function: Callable = None):
+    def on_main_process(self, function: Optional[Callable[..., Any]] = None) -> Callable[..., Any]:
         """Decorator: run ``function`` on the main process only (others get None)."""
         return self._only_if(lambda: self.is_main_process, function)
 
-    def on_local_main_process(self, function: Callable = None):
+    def on_local_main_process(self, function: Optional[Callable[..., Any]] = None) -> Callable[..., Any]:
         """Decorator: run ``function`` on the main process of each machine only."""
         return self._only_if(lambda: self.is_local_main_process, function)
 
-    def on_last_process(self, function: Callable = None):
+    def on_last_process(self, function: Optional[Callable[..., Any]] = None) -> Callable[..., Any]:
         """Decorator: run ``function`` on the last process only."""
         return self._only_if(lambda: self.is_last_process, function)
 
-    def on_process(self, function: Callable = None, process_index: int = None):
+    def on_process(self, function: Optional[Callable[..., Any]] = None,
+                   process_index: Optional[int] = None) -> Callable[..., Any]:
         """Decorator: run ``function`` on the process with global index ``process_index`` only."""
         if function is None:
             return functools.partial(self.on_process, process_index=process_index)
         self._check_index(process_index, "process_index")
         return self._only_if(lambda: self.process_index == process_index, function)
 
-    def on_local_process(self, function: Callable = None, local_process_index: int = None):
+    def on_local_process(self, function: Optional[Callable[..., Any]] = None,
+                         local_process_index: Optional[int] = None) -> Callable[..., Any]:
         """Decorator: run ``function`` on the process with local index ``local_process_index`` only."""
         if function is None:
             return functools.partial(self.on_local_process, local_process_index=local_process_index)
@@ -401,12 +438,12 @@ class PartialState:
 
         return wrapper
 
-    def print(self, *args, **kwargs) -> None:
+    def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` once per machine (on the local main process)."""
         if self.is_local_main_process:
             print(*args, **kwargs)
 
-    def destroy_process_group(self, group=None) -> None:
+    def destroy_process_group(self, group: Optional[dist.ProcessGroup] = None) -> None:
         """Tear down the process group (at the end of a run); safe to call when none exists."""
         if self.use_distributed and dist.is_initialized():
             dist.destroy_process_group(group)
@@ -427,7 +464,8 @@ def wait_for_everyone() -> None:
     PartialState().wait_for_everyone()
 
 
-def split_for_process(inputs, num_processes: int, process_index: int, apply_padding: bool = False):
+def split_for_process(inputs: Union[list, tuple, dict, torch.Tensor], num_processes: int, process_index: int,
+                      apply_padding: bool = False) -> Union[list, tuple, dict, torch.Tensor]:
     """The contiguous share of ``inputs`` that belongs to ``process_index`` (see ``split_between_processes``)."""
     if num_processes == 1:
         return inputs
@@ -479,9 +517,14 @@ class AcceleratorState:
     _known_attrs = PartialState._known_attrs + ["mixed_precision", "dynamo_plugin", "deepspeed_plugins", "fsdp_plugin",
                                                 "megatron_lm_plugin"]
 
-    def __init__(self, mixed_precision: str = None, cpu: bool = False, dynamo_plugin=None, deepspeed_plugin=None,
-                 fsdp_plugin=None, torch_tp_plugin=None, megatron_lm_plugin=None, parallelism_config=None,
-                 _from_accelerator: bool = False, **kwargs):
+    def __init__(self, mixed_precision: Optional[str] = None, cpu: bool = False,
+                 dynamo_plugin: Optional[TorchDynamoPlugin] = None,
+                 deepspeed_plugin: Optional[Union[DeepSpeedPlugin, dict[str, DeepSpeedPlugin]]] = None,
+                 fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
+                 torch_tp_plugin: Optional[_TensorParallelPlugin] = None,
+                 megatron_lm_plugin: Optional[MegatronLMPlugin] = None,
+                 parallelism_config: Optional[_MeshConfig] = None,
+                 _from_accelerator: bool = False, **kwargs: Any):
         self.__dict__ = self._shared_state
         if not self.initialized:
             self._shared_state.clear()  # what a PartialState reset left behind
@@ -518,7 +561,7 @@ class AcceleratorState:
             PartialState._reset_state()
 
     # ------------------------------------------------------------------ the registered run
-    def register_run(self, strategy) -> None:
+    def register_run(self, strategy: _Run) -> None:
         """Make ``strategy`` the run this state shows: the one write of the training facts into the process-wide
         state, by the Accelerator once the strategy is set up. ``distributed_type``, ``fsdp_plugin`` and
         ``megatron_lm_plugin`` are then views of what it shows (``Strategy.state_views``)."""
@@ -573,7 +616,7 @@ class AcceleratorState:
         return shown if shown is not None else self._stored("_partial").distributed_type
 
     @distributed_type.setter
-    def distributed_type(self, value) -> None:
+    def distributed_type(self, value: DistributedType) -> None:
         self.__dict__["_written_distributed_type"] = value
 
     def _plugin_view(name: str, doc: str) -> property:  # noqa: N805 - builds the class's properties below
@@ -601,7 +644,7 @@ class AcceleratorState:
         return shown if shown is not None else self._stored("_mixed_precision")
 
     @property
-    def device_mesh(self):
+    def device_mesh(self) -> Optional[DeviceMesh]:
         """The ``DeviceMesh`` of N-D parallelism, owned by the ``ParallelismConfig``'s layout (``ParallelDims``);
         None without a ParallelismConfig or before the mesh is built."""
         config = self.parallelism_config
@@ -614,7 +657,7 @@ class AcceleratorState:
         return self.distributed_type == DistributedType.FSDP and getattr(self.fsdp_plugin, "fsdp_version", 1) == 2
 
     @property
-    def deepspeed_plugin(self):
+    def deepspeed_plugin(self) -> Optional[DeepSpeedPlugin]:
         """The active ``DeepSpeedPlugin``; None when DeepSpeed is not in use."""
         # a read-only view Accelerate's users ask for: the plugins count only when the DeepSpeed strategy trains
         if self.distributed_type != DistributedType.DEEPSPEED or self.deepspeed_plugins is None:
@@ -624,7 +667,7 @@ class AcceleratorState:
             return plugins
         return next((plugin for plugin in plugins.values() if plugin.selected), None)
 
-    def get_deepspeed_plugin(self, name: str):
+    def get_deepspeed_plugin(self, name: str) -> DeepSpeedPlugin:
         """The ``DeepSpeedPlugin`` registered under ``name`` (several plugins: ``Accelerator(deepspeed_plugins={...})``)."""
         plugins = self.deepspeed_plugins
         if not isinstance(plugins, dict) or name not in plugins:
@@ -633,7 +676,7 @@ class AcceleratorState:
                              "(Accelerator(deepspeed_plugins={name: DeepSpeedPlugin(...)})).")
         return plugins[name]
 
-    def select_deepspeed_plugin(self, name: Optional[str] = None):
+    def select_deepspeed_plugin(self, name: Optional[str] = None) -> None:
         """Make the ``DeepSpeedPlugin`` registered under ``name`` the active one: the next ``prepare`` builds its
         engine with it."""
         plugins = self.deepspeed_plugins
@@ -676,28 +719,29 @@ class AcceleratorState:
         self._partial.wait_for_everyone()
 
     @contextlib.contextmanager
-    def split_between_processes(self, inputs, apply_padding: bool = False):
+    def split_between_processes(self, inputs: Union[list, tuple, dict, torch.Tensor],
+                                apply_padding: bool = False) -> Iterator[Union[list, tuple, dict, torch.Tensor]]:
         """Yield this process's share of ``inputs`` (see ``PartialState.split_between_processes``)."""
         with self._partial.split_between_processes(inputs, apply_padding=apply_padding) as share:
             yield share
 
     @contextlib.contextmanager
-    def main_process_first(self):
+    def main_process_first(self) -> Iterator[None]:
         """The main process runs the block first; the others then follow."""
         with self._partial.main_process_first():
             yield
 
     @contextlib.contextmanager
-    def local_main_process_first(self):
+    def local_main_process_first(self) -> Iterator[None]:
         """Like ``main_process_first``, once per machine."""
         with self._partial.local_main_process_first():
             yield
 
-    def print(self, *args, **kwargs) -> None:
+    def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` once per machine (on the local main process)."""
         self._partial.print(*args, **kwargs)
 
-    def destroy_process_group(self, group=None) -> None:
+    def destroy_process_group(self, group: Optional[dist.ProcessGroup] = None) -> None:
         """Tear down the process group (at the end of a run); safe to call when none exists, and on a state
         object kept across ``_reset_state()`` (the process group outlives the reset)."""
         PartialState().destroy_process_group(group)
@@ -736,7 +780,7 @@ class GradientState:
     _shared_state = SharedDict()
     __setstate__ = _attach_shared_state
 
-    def __init__(self, gradient_accumulation_plugin=None):
+    def __init__(self, gradient_accumulation_plugin: Optional[GradientAccumulationPlugin] = None):
         self.__dict__ = self._shared_state
         if not self.initialized:
             self.sync_gradients = True
@@ -784,7 +828,7 @@ class GradientState:
         return self.active_dataloader is not None
 
     @property
-    def active_dataloader(self):
+    def active_dataloader(self) -> Optional[DataLoader]:
         """The prepared loader being iterated (the innermost one when loops are nested), or None."""
         return self.dataloader_references[-1]
 

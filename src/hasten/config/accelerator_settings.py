@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 from ..core.env_aliases import get_flag_setting, get_setting, setting_is_set
 from .accumulation import GradientAccumulationPlugin
@@ -20,6 +20,10 @@ from .fp8 import check_fp8_recipe
 from .kwargs import KwargsHandler
 from .project import ProjectConfiguration
 from .resolution import resolve
+
+if TYPE_CHECKING:
+    from .data import DataLoaderConfiguration
+    from .enums import DynamoBackend
 
 __all__ = ["AcceleratorSettings", "BACKEND_SWITCHES", "launcher_switches", "resolve_accelerator_settings",
            "resolve_mixed_precision", "SPLIT_BATCHES_UNSET"]
@@ -82,8 +86,8 @@ def _launcher_config() -> tuple[dict, Optional[str]]:
     return config, path
 
 
-def resolve_mixed_precision(value=None, argument_name: str = "mixed_precision=", config: Optional[dict] = None,
-                            config_path: Optional[str] = None) -> str:
+def resolve_mixed_precision(value: Optional[str] = None, argument_name: str = "mixed_precision=",
+                            config: Optional[dict] = None, config_path: Optional[str] = None) -> str:
     """``mixed_precision`` by the one precedence rule: argument > launcher environment > config file > ``"no"``."""
     precision, _ = resolve("mixed_precision", value, argument_name=argument_name, config=config or {},
                            config_path=config_path, default=PrecisionType.NO.value,
@@ -141,10 +145,17 @@ def _dataloader_config(dataloader_config, split_batches):
     return dataloader_config
 
 
-def resolve_accelerator_settings(*, mixed_precision=None, cpu=False, gradient_accumulation_steps=1,
-                                 gradient_accumulation_plugin=None, dynamo_backend=None, dynamo_plugin=None,
-                                 dataloader_config=None, split_batches=SPLIT_BATCHES_UNSET, project_dir=None,
-                                 project_config=None, rng_types=None, kwargs_handlers=None) -> AcceleratorSettings:
+def resolve_accelerator_settings(*, mixed_precision: Optional[str] = None, cpu: bool = False,
+                                 gradient_accumulation_steps: int = 1,
+                                 gradient_accumulation_plugin: Optional[GradientAccumulationPlugin] = None,
+                                 dynamo_backend: Optional[Union[DynamoBackend, str]] = None,
+                                 dynamo_plugin: Optional[TorchDynamoPlugin] = None,
+                                 dataloader_config: Optional[DataLoaderConfiguration] = None,
+                                 split_batches: bool = SPLIT_BATCHES_UNSET,
+                                 project_dir: Optional[Union[str, os.PathLike]] = None,
+                                 project_config: Optional[ProjectConfiguration] = None,
+                                 rng_types: Optional[list[Union[str, RNGType]]] = None,
+                                 kwargs_handlers: Optional[list[KwargsHandler]] = None) -> AcceleratorSettings:
     """Validate the Accelerator's arguments and merge them with the launcher's environment and config file."""
     cpu = parse_bool(cpu, "Accelerator(cpu=...)")
     if split_batches is not SPLIT_BATCHES_UNSET:

@@ -7,7 +7,10 @@ anything else is refused with an error naming the argument, before any state cha
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = ["parse_bool", "normalize_bool_fields", "ACCEPTED_WORDS"]
 
@@ -43,7 +46,7 @@ def _is_bool_field(annotation: Any) -> bool:
     return isinstance(annotation, str) and annotation.replace(" ", "") in _BOOL_ANNOTATIONS
 
 
-def normalize_bool_fields(obj, names: Optional[Iterable[str]] = None) -> None:
+def normalize_bool_fields(obj: DataclassInstance, names: Optional[Iterable[str]] = None) -> None:
     """Replace each boolean field of the dataclass ``obj`` (those annotated ``bool`` / ``Optional[bool]``, or
     ``names``) by its parsed value; ``Optional`` fields keep ``None``."""
     owner = type(obj).__name__

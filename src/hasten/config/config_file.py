@@ -11,7 +11,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import yaml
 
@@ -82,7 +82,8 @@ def _basic_config(mixed_precision: str) -> dict:
     }
 
 
-def write_basic_config(mixed_precision: str = "no", save_location: str = default_config_file):
+def write_basic_config(mixed_precision: str = "no",
+                       save_location: Union[str, os.PathLike] = default_config_file) -> Union[Path, Literal[False]]:
     """Write a config for this machine (all its GPUs, or the CPU) and return its path.
 
     ``mixed_precision`` is one of ``no``, ``fp16``, ``bf16``, ``fp8``. An existing file is never

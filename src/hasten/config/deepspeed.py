@@ -23,9 +23,13 @@ import warnings
 from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, NoReturn, Optional, Union
 
 from .env_fields import as_bool, as_choice, as_int, from_env
+
+if TYPE_CHECKING:
+    import deepspeed
+    import torch
 
 __all__ = ["HfDeepSpeedConfig", "DeepSpeedPlugin"]
 
@@ -86,7 +90,7 @@ class HfDeepSpeedConfig:
     questions.
     """
 
-    def __init__(self, config_file_or_dict):
+    def __init__(self, config_file_or_dict: Union[str, os.PathLike, dict]):
         if isinstance(config_file_or_dict, dict):
             config = deepcopy(config_file_or_dict)  # the caller may reuse theirs: "auto" values get replaced here
         elif isinstance(config_file_or_dict, (str, os.PathLike)) and os.path.exists(config_file_or_dict):
@@ -106,7 +110,7 @@ class HfDeepSpeedConfig:
         self.config = config
         self.set_stage_and_offload()
 
-    def set_stage_and_offload(self):
+    def set_stage_and_offload(self) -> None:
         self._stage = self.get_value("zero_optimization.stage", -1)
         self._offload = False
         if self.is_zero2() or self.is_zero3():
@@ -114,18 +118,18 @@ class HfDeepSpeedConfig:
                        self.get_value("zero_optimization.offload_param.device")}
             self._offload = bool(devices & {"cpu", "nvme"})
 
-    def find_config_node(self, ds_key_long):
+    def find_config_node(self, ds_key_long: str) -> tuple[Optional[dict], str]:
         """``(the dict holding the last part of the dotted key, that part)``; ``(None, part)`` when absent."""
         return config_node(self.config, ds_key_long)
 
-    def get_value(self, ds_key_long, default=None):
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
         """The value at the dotted key, or ``default`` when it is not set."""
         config, ds_key = self.find_config_node(ds_key_long)
         if config is None:
             return default
         return config.get(ds_key, default)
 
-    def del_config_sub_tree(self, ds_key_long, must_exist=False):
+    def del_config_sub_tree(self, ds_key_long: str, must_exist: bool = False) -> None:
         """Remove the sub-tree at the dotted key (an error only if ``must_exist`` and it is absent)."""
         config, parent, node = self.config, None, None
         for node in ds_key_long.split("."):
@@ -137,23 +141,23 @@ class HfDeepSpeedConfig:
         if parent is not None:
             parent.pop(node)
 
-    def is_true(self, ds_key_long):
+    def is_true(self, ds_key_long: str) -> bool:
         """True only when the key is set to a true value."""
         value = self.get_value(ds_key_long)
         return False if value is None else bool(value)
 
-    def is_false(self, ds_key_long):
+    def is_false(self, ds_key_long: str) -> bool:
         """True only when the key is set to a false value."""
         value = self.get_value(ds_key_long)
         return False if value is None else not bool(value)
 
-    def is_zero2(self):
+    def is_zero2(self) -> bool:
         return self._stage == 2
 
-    def is_zero3(self):
+    def is_zero3(self) -> bool:
         return self._stage == 3
 
-    def is_offload(self):
+    def is_offload(self) -> bool:
         return self._offload
 
 
@@ -322,7 +326,8 @@ class DeepSpeedPlugin:
             config["gradient_clipping"] = self.gradient_clipping
         return config
 
-    def fill_match(self, ds_key_long, mismatches=None, must_match=True, **kwargs):
+    def fill_match(self, ds_key_long: str, mismatches: Optional[list[str]] = None, must_match: bool = True,
+                   **kwargs: Any) -> None:
         """Fill an ``"auto"`` value at the dotted key from ``kwargs`` (``fill_auto``; an ``"auto"`` that ``kwargs``
         does not give raises). With ``must_match``, a set value that differs from ``kwargs``' is appended to
         ``mismatches`` as a line naming both; without, the config's value is kept unchecked."""
@@ -332,14 +337,15 @@ class DeepSpeedPlugin:
             mismatches.append(f"- ds {ds_key_long}={mismatch.config_value} vs arg {ds_key_long}="
                               f"{mismatch.other_value}")
 
-    def is_auto(self, ds_key_long):
+    def is_auto(self, ds_key_long: str) -> bool:
         """Whether the dotted key is set to ``"auto"``."""
         return self.hf_ds_config.get_value(ds_key_long) == "auto"
 
-    def get_value(self, ds_key_long, default=None):
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
         return self.hf_ds_config.get_value(ds_key_long, default)
 
-    def deepspeed_config_process(self, prefix="", mismatches=None, config=None, must_match=True, **kwargs):
+    def deepspeed_config_process(self, prefix: str = "", mismatches: Optional[list[str]] = None,
+                                 config: Optional[dict] = None, must_match: bool = True, **kwargs: Any) -> None:
         """Fill every ``"auto"`` value of the config from ``kwargs`` (``fill_match`` on each key). With
         ``must_match``, the set values that differ from ``kwargs`` are collected over the whole config and one
         ``ValueError`` lists them all; with ``must_match=False`` the config's values are kept."""
@@ -357,7 +363,7 @@ class DeepSpeedPlugin:
                              + "\n".join(mismatches) + "\nThe easiest method is to set these DeepSpeed config "
                              "values to 'auto'.")
 
-    def set_mixed_precision(self, mixed_precision):
+    def set_mixed_precision(self, mixed_precision: str) -> None:
         """Enable fp16 or bf16 (bf16 for fp8 too) in the DeepSpeed config, refusing a contradiction."""
         ds_config = self.deepspeed_config
         kwargs = {"fp16.enabled": mixed_precision == "fp16", "bf16.enabled": mixed_precision in ("bf16", "fp8")}
@@ -392,7 +398,7 @@ class DeepSpeedPlugin:
                 config[dtype]["enabled"] = False
         return config
 
-    def set_deepspeed_weakref(self):
+    def set_deepspeed_weakref(self) -> None:
         """Point transformers (when installed) at this config: its ``deepspeed_config()`` returns it, and with ZeRO-3
         and ``zero3_init_flag`` its ``from_pretrained`` builds models already partitioned (``deepspeed.zero.Init``).
         ZeRO-3 without ``zero3_init_flag`` is not announced: transformers would partition the models anyway."""
@@ -418,11 +424,11 @@ class DeepSpeedPlugin:
             return
         unset_hf_deepspeed_config()
 
-    def is_zero3_init_enabled(self):
+    def is_zero3_init_enabled(self) -> bool:
         return self.zero3_init_flag
 
     @contextmanager
-    def zero3_init_context_manager(self, enable=False):
+    def zero3_init_context_manager(self, enable: bool = False) -> Iterator[None]:
         """Run the block with ``zero3_init_flag`` set to ``enable`` (transformers then builds models partitioned or
         whole), and restore it after."""
         previous = self.zero3_init_flag
@@ -443,7 +449,7 @@ class DeepSpeedPlugin:
             else:
                 self._unset_deepspeed_weakref()
 
-    def zero3_init(self, **kwargs):
+    def zero3_init(self, **kwargs: Any) -> deepspeed.zero.Init:
         """A context in which models are built already partitioned over the ranks (``deepspeed.zero.Init`` with
         this config): a model too large for one process's memory never exists whole. ZeRO stage 3 only;
         ``kwargs`` go to ``deepspeed.zero.Init`` (``remote_device``, ``dtype`` ...)."""
@@ -465,7 +471,7 @@ class DeepSpeedPlugin:
                              "in the DeepSpeed config file instead. If you are using an accelerate config file, remove "
                              "others config variables mentioned in the above specified list.")
 
-    def set_moe_leaf_modules(self, model):
+    def set_moe_leaf_modules(self, model: torch.nn.Module) -> None:
         """Make the modules of the classes named in ``transformer_moe_cls_names`` ZeRO-3 leaf modules (gathered
         whole, as MoE layers route tokens to a subset of experts); an unknown name lists the model's classes."""
         if self.transformer_moe_cls_names is None:
@@ -486,7 +492,7 @@ class DeepSpeedPlugin:
 
         set_z3_leaf_modules(model, [present[name] for name in wanted])
 
-    def select(self, _from_accelerator_state: bool = False):
+    def select(self, _from_accelerator_state: bool = False) -> None:
         """Make this the active DeepSpeed configuration (through ``AcceleratorState`` only)."""
         if not _from_accelerator_state:
             raise ValueError("A DeepSpeedPlugin is enabled through AcceleratorState().select_deepspeed_plugin(name).")
@@ -500,10 +506,10 @@ class DeepSpeedPlugin:
         self._selected = value
 
     @property
-    def selected(self):
+    def selected(self) -> bool:
         return self._selected
 
     @selected.setter
-    def selected(self, value):
+    def selected(self, value: bool) -> NoReturn:
         raise NotImplementedError("'selected' can only be set through AcceleratorState().select_deepspeed_plugin(key).")
 

@@ -13,7 +13,7 @@ __all__ = ["EnumWithContains", "BaseEnum", "SageMakerDistributedType"]
 class EnumWithContains(enum.EnumMeta):
     """A metaclass that makes ``value in EnumClass`` true for members and for their values."""
 
-    def __contains__(cls, item):
+    def __contains__(cls, item: object) -> bool:
         try:
             cls(item)
         except ValueError:
@@ -24,11 +24,11 @@ class EnumWithContains(enum.EnumMeta):
 class BaseEnum(enum.Enum, metaclass=EnumWithContains):
     """An enum whose ``str()`` is its value, with ``list()`` giving every value."""
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.value
 
     @classmethod
-    def list(cls):
+    def list(cls) -> list[str]:
         """Every value of the enum, as strings."""
         return list(map(str, cls))
 

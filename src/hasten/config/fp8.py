@@ -13,10 +13,13 @@ import enum
 import importlib.util
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional, get_args
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, get_args
 
 from .env_fields import as_bool, as_choice, as_int, from_env
 from .kwargs import KwargsHandler
+
+if TYPE_CHECKING:
+    from ..core.planned import NotYetSupportedError
 
 __all__ = [
     "Backend", "OptLevel", "FP8Format", "AmaxComputeAlgorithm", "FP8BackendType", "AORecipeKwargs",
@@ -158,7 +161,7 @@ _RECIPES = {AORecipeKwargs: "AO", TERecipeKwargs: "TE", MSAMPRecipeKwargs: "MSAM
 PLANNED_FP8_LIBRARIES = {"TE": "TransformerEngine", "MSAMP": "MS-AMP"}
 
 
-def fp8_library_not_yet_supported(backend: str, meanwhile: str, detail: str = ""):
+def fp8_library_not_yet_supported(backend: str, meanwhile: str, detail: str = "") -> NotYetSupportedError:
     """The ``NotYetSupportedError`` for fp8 ``backend`` ("TE" / "MSAMP"), ``detail`` after the library's name."""
     from ..core.planned import not_yet_supported
 

@@ -13,7 +13,7 @@ import logging
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
 import torch
 
@@ -25,6 +25,9 @@ from ..core.constants import (  # the names Accelerate's configs use; position +
 )
 from .env_fields import as_bool, as_int, from_env
 
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import StateDictType
+
 __all__ = ["FullyShardedDataParallelPlugin", "get_module_class_from_name"]
 
 logger = logging.getLogger("hasten.utils.dataclasses")  # the name Accelerate logs these under (as_accelerate/logger_names.py)
@@ -34,7 +37,7 @@ _MIXED_PRECISION_DTYPES = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16":
 _DTYPE_NAMES = ", ".join(sorted({str(dtype) for dtype in _MIXED_PRECISION_DTYPES.values()}))
 
 
-def get_module_class_from_name(module: torch.nn.Module, name: str):
+def get_module_class_from_name(module: torch.nn.Module, name: str) -> Optional[type[torch.nn.Module]]:
     """The class of ``module`` or of one of its descendants whose class name is ``name`` (None if none is)."""
     if module.__class__.__name__ == name:
         return module.__class__
@@ -237,7 +240,7 @@ class FullyShardedDataParallelPlugin:
         else:
             self.auto_wrap_policy = None
 
-    def set_state_dict_type(self, state_dict_type=None):
+    def set_state_dict_type(self, state_dict_type: Optional[Union[str, StateDictType]] = None) -> None:
         """Set ``state_dict_type`` (or resolve it) and the state dict configs that go with it."""
         from torch.distributed.fsdp import (
             FullOptimStateDictConfig,
@@ -267,7 +270,7 @@ class FullyShardedDataParallelPlugin:
         if self.fsdp_version == 2 and self.state_dict_type == StateDictType.LOCAL_STATE_DICT:
             raise ValueError("FSDP2 has no LOCAL_STATE_DICT: use SHARDED_STATE_DICT or FULL_STATE_DICT.")
 
-    def set_auto_wrap_policy(self, model):
+    def set_auto_wrap_policy(self, model: torch.nn.Module) -> None:
         """Bind the wrap policy to ``model``: its transformer layer classes, or ``min_num_params``."""
         from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
@@ -280,7 +283,8 @@ class FullyShardedDataParallelPlugin:
             self.auto_wrap_policy = (functools.partial(self.auto_wrap_policy, min_num_params=self.min_num_params)
                                      if self.min_num_params > 0 else None)
 
-    def set_mixed_precision(self, mixed_precision, buffer_autocast=False, override=False):
+    def set_mixed_precision(self, mixed_precision: Union[str, torch.dtype, dict[str, torch.dtype]],
+                            buffer_autocast: bool = False, override: bool = False) -> None:
         """Set the mixed precision policy from a name ("bf16" ...), a dtype, or a dict of dtypes."""
         dtype = mixed_precision
         if isinstance(mixed_precision, str):
@@ -312,14 +316,14 @@ class FullyShardedDataParallelPlugin:
 
         return MixedPrecisionPolicy if self.fsdp_version == 2 else MixedPrecision
 
-    def validate_mixed_precision_policy(self):
+    def validate_mixed_precision_policy(self) -> None:
         """The policy must be torch's ``MixedPrecisionPolicy`` (FSDP2) or ``MixedPrecision`` (FSDP1)."""
         policy_class = self._mixed_precision_class()
         if not isinstance(self.mixed_precision_policy, policy_class):
             raise ValueError(f"mixed_precision_policy must be a torch.distributed.fsdp.{policy_class.__name__} "
                              f"with fsdp_version={self.fsdp_version}, got {self.mixed_precision_policy!r}.")
 
-    def set_cpu_offload(self):
+    def set_cpu_offload(self) -> None:
         """Turn a boolean ``cpu_offload`` into torch's object (``CPUOffload`` in FSDP1, an offload policy in FSDP2)."""
         from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy
 
@@ -329,7 +333,7 @@ class FullyShardedDataParallelPlugin:
             else:
                 self.cpu_offload = CPUOffload(offload_params=self.cpu_offload)
 
-    def validate_cpu_offload(self):
+    def validate_cpu_offload(self) -> None:
         """``cpu_offload`` must be an ``OffloadPolicy`` (FSDP2) or a ``CPUOffload`` (FSDP1)."""
         from torch.distributed.fsdp import CPUOffload, OffloadPolicy
 
@@ -339,7 +343,7 @@ class FullyShardedDataParallelPlugin:
                              f"fsdp_version={self.fsdp_version}, got {self.cpu_offload!r}.")
 
 
-def layer_classes(model, names) -> set:
+def layer_classes(model: torch.nn.Module, names: Iterable[str]) -> set[type[torch.nn.Module]]:
     """The module classes of ``model`` named ``names`` (transformer layers to wrap); a name no module of the model
     has is refused, in the reference's words, with the class names the model does have."""
     classes = set()

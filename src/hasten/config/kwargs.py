@@ -8,10 +8,14 @@ from __future__ import annotations
 import copy
 import datetime
 from dataclasses import dataclass, field, fields
-from typing import Callable, Literal, Optional
+from typing import TYPE_CHECKING, Callable, Container, Literal, Optional
 
 from .booleans import normalize_bool_fields
 from .enums import _StrEnum
+
+if TYPE_CHECKING:
+    import torch.profiler
+    from torch.nn.parallel import DistributedDataParallel
 
 __all__ = [
     "KwargsHandler", "DistributedDataParallelKwargs", "DDPCommunicationHookType", "GradScalerKwargs",
@@ -77,7 +81,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
             raise ValueError("comm_wrapper only wraps a PowerSGD hook: set comm_hook='power_sgd' or "
                              "'batched_power_sgd', or leave comm_wrapper at 'no'.")
 
-    def to_dict(self, ignore_keys=("comm_hook", "comm_wrapper", "comm_state_option")) -> dict:
+    def to_dict(self, ignore_keys: Container[str] = ("comm_hook", "comm_wrapper", "comm_state_option")) -> dict:
         """The fields without ``ignore_keys`` (by default the hook options, which are not DDP arguments)."""
         return {k: v for k, v in super().to_dict().items() if k not in ignore_keys}
 
@@ -88,7 +92,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
             kwargs.pop(key, None)
         return kwargs
 
-    def register_comm_hook(self, model) -> None:
+    def register_comm_hook(self, model: DistributedDataParallel) -> None:
         """Register the chosen hook on a DDP-wrapped ``model`` (no-op when ``comm_hook='no'``)."""
         if self.comm_hook == DDPCommunicationHookType.NO:
             return
@@ -169,7 +173,7 @@ class ProfileKwargs(KwargsHandler):
     with_modules: bool = False
     output_trace_dir: Optional[str] = None
 
-    def build(self):
+    def build(self) -> torch.profiler.profile:
         """A ``torch.profiler.profile`` configured from these options."""
         import torch.profiler as profiler
 

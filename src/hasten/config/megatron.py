@@ -13,11 +13,14 @@ import functools
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Optional, Protocol
 
 from ..core.planned import not_yet_supported
 from .env_fields import as_bool, as_choice, as_float, as_int
 from .resolution import resolve
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "MegatronLMPlugin", "MODEL_CONFIGS_TO_MEGATRON_PARSERS", "add_model_config_to_megatron_parser",
@@ -98,6 +101,13 @@ _DEFAULT_ARGS = {
 _SCHEDULE_ARGS = ("train_iters", "lr_warmup_iters", "train_samples", "lr_warmup_samples", "lr_decay_iters",
                   "lr_decay_samples", "lr_warmup_fraction", "lr_decay_style", "weight_decay_incr_style",
                   "start_weight_decay", "end_weight_decay", "min_lr")
+
+
+class _StepCounts(Protocol):
+    """What ``set_scheduler_args`` reads of a ``MegatronLMDummyScheduler`` (a strategy's: named, not imported)."""
+
+    total_num_steps: int
+    warmup_num_steps: int
 
 
 @dataclass
@@ -201,7 +211,8 @@ class MegatronLMPlugin:
         if self.other_megatron_args is not None:
             self.megatron_lm_default_args.update(self.other_megatron_args)
 
-    def set_network_size_args(self, model, batch_data=None):
+    def set_network_size_args(self, model: torch.nn.Module,
+                              batch_data: Optional[Mapping[str, torch.Tensor]] = None) -> None:
         """Fill the network sizes from ``model.config`` with the parser registered for its model type."""
         model_type = model.config.model_type.lower()
         for known, parser in MODEL_CONFIGS_TO_MEGATRON_PARSERS.items():
@@ -211,7 +222,7 @@ class MegatronLMPlugin:
         raise ValueError(f"No Megatron-LM config parser for model type {model_type!r}: register one with "
                          "@add_model_config_to_megatron_parser(model_type).")
 
-    def set_mixed_precision(self, mixed_precision):
+    def set_mixed_precision(self, mixed_precision: str) -> None:
         if mixed_precision == "fp16":
             self.megatron_lm_default_args["fp16"] = True
         elif mixed_precision == "bf16":
@@ -219,7 +230,7 @@ class MegatronLMPlugin:
             self.DDP_impl = "local"
             self.megatron_lm_default_args["DDP_impl"] = self.DDP_impl
 
-    def set_training_args(self, micro_batch_size, dp_degree):
+    def set_training_args(self, micro_batch_size: int, dp_degree: int) -> None:
         self.data_parallel_size = dp_degree
         self.micro_batch_size = micro_batch_size
         self.global_batch_size = dp_degree * micro_batch_size * self.num_micro_batches
@@ -227,7 +238,7 @@ class MegatronLMPlugin:
                                              micro_batch_size=self.micro_batch_size,
                                              global_batch_size=self.global_batch_size)
 
-    def set_optimizer_type(self, optimizer):
+    def set_optimizer_type(self, optimizer: torch.optim.Optimizer) -> None:
         """Megatron's optimizer arguments from a torch Adam-family or SGD optimizer."""
         name = optimizer.__class__.__name__.lower()
         args, defaults = self.megatron_lm_default_args, optimizer.defaults
@@ -240,7 +251,7 @@ class MegatronLMPlugin:
             raise ValueError(f"Optimizer {name} is not supported by Megatron-LM: use an Adam-family optimizer or SGD.")
         args.update(lr=defaults["lr"], weight_decay=defaults["weight_decay"])
 
-    def set_scheduler_args(self, scheduler):
+    def set_scheduler_args(self, scheduler: _StepCounts) -> None:
         """Megatron's schedule arguments from a ``MegatronLMDummyScheduler``."""
         dp_size = self.megatron_lm_default_args["data_parallel_size"]
         if self.train_iters is None:
@@ -255,7 +266,7 @@ class MegatronLMPlugin:
             self.lr_warmup_samples = 0
         self.megatron_lm_default_args.update({name: getattr(self, name) for name in _SCHEDULE_ARGS})
 
-    def set_tensorboard_logging_options(self):
+    def set_tensorboard_logging_options(self) -> NoReturn:
         raise not_yet_supported("Megatron-LM tensorboard logging options (set_all_logging_options=True)",
                                 "leave set_all_logging_options=False")
 
@@ -263,7 +274,7 @@ class MegatronLMPlugin:
 MODEL_CONFIGS_TO_MEGATRON_PARSERS = {}
 
 
-def add_model_config_to_megatron_parser(model_type: str):
+def add_model_config_to_megatron_parser(model_type: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Decorator: register ``parser(plugin, model, batch_data)`` for model types containing ``model_type``."""
 
     def add_model_config_parser_helper(func):
@@ -296,7 +307,8 @@ def _network_args(plugin, model, **args):
 
 
 @add_model_config_to_megatron_parser("megatron-bert")
-def parse_bert_config(megatron_lm_plugin, model, batch_data):
+def parse_bert_config(megatron_lm_plugin: MegatronLMPlugin, model: torch.nn.Module,
+                      batch_data: Optional[Mapping[str, torch.Tensor]]) -> None:
     config = model.config
     megatron_lm_plugin.seq_length = _choose_seq_length(megatron_lm_plugin, megatron_lm_plugin.encoder_seq_length,
                                                        batch_data, config.max_position_embeddings)
@@ -309,7 +321,8 @@ def parse_bert_config(megatron_lm_plugin, model, batch_data):
 
 
 @add_model_config_to_megatron_parser("gpt2")
-def parse_gpt2_config(megatron_lm_plugin, model, batch_data):
+def parse_gpt2_config(megatron_lm_plugin: MegatronLMPlugin, model: torch.nn.Module,
+                      batch_data: Optional[Mapping[str, torch.Tensor]]) -> None:
     config = model.config
     megatron_lm_plugin.seq_length = _choose_seq_length(megatron_lm_plugin, megatron_lm_plugin.decoder_seq_length,
                                                        batch_data, config.n_positions)
@@ -321,7 +334,8 @@ def parse_gpt2_config(megatron_lm_plugin, model, batch_data):
 
 
 @add_model_config_to_megatron_parser("t5")
-def parse_t5_config(megatron_lm_plugin, model, batch_data):
+def parse_t5_config(megatron_lm_plugin: MegatronLMPlugin, model: torch.nn.Module,
+                    batch_data: Optional[Mapping[str, torch.Tensor]]) -> None:
     config = model.config
     max_positions = getattr(config, "n_positions", 1024)
     if megatron_lm_plugin.encoder_seq_length is None:
@@ -356,12 +370,14 @@ def _gpt_like_args(plugin, model, batch_data, tokenizer_type: str, pretraining_f
 
 
 @add_model_config_to_megatron_parser("llama")
-def parse_llama_config(megatron_lm_plugin, model, batch_data):
+def parse_llama_config(megatron_lm_plugin: MegatronLMPlugin, model: torch.nn.Module,
+                       batch_data: Optional[Mapping[str, torch.Tensor]]) -> None:
     _gpt_like_args(megatron_lm_plugin, model, batch_data, "Llama2Tokenizer", pretraining_flag=True)
 
 
 @add_model_config_to_megatron_parser("glm4_moe")
-def parse_glm4_moe_config(megatron_lm_plugin, model, batch_data):
+def parse_glm4_moe_config(megatron_lm_plugin: MegatronLMPlugin, model: torch.nn.Module,
+                          batch_data: Optional[Mapping[str, torch.Tensor]]) -> None:
     _gpt_like_args(megatron_lm_plugin, model, batch_data, "HuggingFaceTokenizer", pretraining_flag=False)
     config, args = model.config, megatron_lm_plugin.megatron_lm_default_args
     dense_layers = config.first_k_dense_replace

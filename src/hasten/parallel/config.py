@@ -21,6 +21,7 @@ from .dims import ParallelDims
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = [
     "TorchTensorParallelPlugin", "TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig",
@@ -239,13 +240,13 @@ class ParallelismConfig:
                               for key, value in self.__dict__.items() if key not in ("_layout", "_sizes")})
 
     @property
-    def device_mesh(self):
+    def device_mesh(self) -> Optional[DeviceMesh]:
         """The ``DeviceMesh`` of this config's layout once it is built (by the Accelerator or ``get_device_mesh``);
         None before."""
         return self._layout.built_mesh if self._layout is not None else None
 
     @device_mesh.setter
-    def device_mesh(self, mesh) -> None:
+    def device_mesh(self, mesh: Optional[DeviceMesh]) -> None:
         """Adopt a mesh built elsewhere: its dimensions must be the ones this config lays out."""
         if mesh is None:
             self._layout = None
@@ -262,70 +263,70 @@ class ParallelismConfig:
         return ParallelDims.from_config(self, world_size)
 
     @property
-    def dp_dim_names(self):
+    def dp_dim_names(self) -> list[str]:
         """Enabled dimensions over which data is split."""
         return [name for name, on in (("dp_replicate", self.dp_replicate_enabled),
                                       ("dp_shard", self.dp_shard_enabled)) if on]
 
     @property
-    def non_dp_dim_names(self):
+    def non_dp_dim_names(self) -> list[str]:
         """Enabled dimensions whose ranks receive the same batch."""
         return [name for name, on in (("pp", self.pp_size > 1), ("tp", self.tp_enabled), ("cp", self.cp_enabled),
                                       ("sp", self.sp_enabled))
                 if on]
 
     @property
-    def dp_shard_cp_dim_names(self):
+    def dp_shard_cp_dim_names(self) -> list[str]:
         """Enabled dimensions flattened into the mesh FSDP shards the model over."""
         return [name for name, on in (("dp_shard", self.dp_shard_enabled), ("cp", self.cp_enabled)) if on]
 
     @property
-    def dp_cp_dim_names(self):
+    def dp_cp_dim_names(self) -> list[str]:
         """Enabled dimensions over which the loss is averaged."""
         return self.dp_dim_names + (["cp"] if self.cp_enabled else [])
 
     @property
-    def fsdp_dim_names(self):
+    def fsdp_dim_names(self) -> list[str]:
         """Dimensions FSDP is applied over, data-parallel replication included."""
         return (["dp_replicate"] if self.dp_replicate_enabled else []) + ["dp_shard_cp"]
 
     @property
-    def total_size(self):
+    def total_size(self) -> int:
         return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size * self.pp_size
 
     @property
-    def non_data_parallel_size(self):
+    def non_data_parallel_size(self) -> int:
         return self.tp_size * self.cp_size * self.sp_size * self.pp_size
 
     @property
-    def data_parallel_size(self):
+    def data_parallel_size(self) -> int:
         return self.dp_replicate_size * self.dp_shard_size
 
     @property
-    def dp_replicate_enabled(self):
+    def dp_replicate_enabled(self) -> bool:
         return self.dp_replicate_size > 1
 
     @property
-    def dp_shard_enabled(self):
+    def dp_shard_enabled(self) -> bool:
         return self.dp_shard_size > 1
 
     @property
-    def tp_enabled(self):
+    def tp_enabled(self) -> bool:
         return self.tp_size > 1
 
     @property
-    def cp_enabled(self):
+    def cp_enabled(self) -> bool:
         return self.cp_size > 1
 
     @property
-    def sp_enabled(self):
+    def sp_enabled(self) -> bool:
         return self.sp_size > 1
 
     @property
-    def active_mesh_dims(self):
+    def active_mesh_dims(self) -> list[str]:
         return self.dp_dim_names + self.non_dp_dim_names
 
-    def build_device_mesh(self, device_type: str):
+    def build_device_mesh(self, device_type: str) -> Optional[DeviceMesh]:
         """A new ``DeviceMesh`` of the enabled dimensions (None when none is, or for DeepSpeed sequence parallelism,
         which builds its own groups), built by ``ParallelDims``. Needs ``total_size`` processes."""
         if self.sp_backend == "deepspeed" and self.sp_size > 1:
@@ -336,7 +337,7 @@ class ParallelismConfig:
                             tp=self.tp_size, pp=self.pp_size, world_size=self.total_size)
         return dims.build_mesh(device_type)  # a world of another size is refused there, naming both
 
-    def get_device_mesh(self, device_type: Optional[str] = None):
+    def get_device_mesh(self, device_type: Optional[str] = None) -> Optional[DeviceMesh]:
         """The mesh of this config's layout, built on first use for ``device_type``; a later different
         ``device_type`` is an error."""
         mesh = self.device_mesh

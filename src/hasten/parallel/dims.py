@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 if TYPE_CHECKING:  # torch is imported only when a mesh or a group is asked for
     from torch.distributed import DeviceMesh, ProcessGroup
@@ -32,6 +32,18 @@ MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 FLATTENED = (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")),
              ("dp_cp", ("dp_replicate", "dp_shard", "cp")))
 _DIM_AND_FLAT_NAMES = frozenset(MESH_ORDER) | {name for name, _ in FLATTENED}
+
+
+class _SizesConfig(Protocol):
+    """What ``from_config`` reads of a ``ParallelismConfig`` (whose module imports this one: named, not imported):
+    the sizes, and the layout it keeps."""
+
+    dp_replicate_size: Optional[int]
+    dp_shard_size: Optional[int]
+    tp_size: Optional[int]
+    cp_size: Optional[int]
+    sp_size: Optional[int]
+    _layout: Optional[ParallelDims]
 
 
 def _count(name: str, value) -> int:
@@ -124,7 +136,7 @@ class ParallelDims:
 
     # ------------------------------------------------------------------------------------------ constructors
     @classmethod
-    def from_config(cls, config, world_size: int, rank: Optional[int] = None) -> "ParallelDims":
+    def from_config(cls, config: Optional[_SizesConfig], world_size: int, rank: Optional[int] = None) -> ParallelDims:
         """The layout a ``ParallelismConfig`` asks for on ``world_size`` processes; ``None``: plain data parallelism.
 
         The config keeps the layout laid out from it: asked again for the same processes, this returns that one, so

@@ -10,12 +10,16 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ContextManager, Optional, Union
 
 import torch
 
 from ..collectives.operations import convert_to_fp32
 from ..config.enums import DistributedType
 from .base import Precision
+
+if TYPE_CHECKING:
+    from ..config.kwargs import AutocastKwargs, GradScalerKwargs
 
 __all__ = ["get_grad_scaler", "get_mixed_precision_context_manager", "MixedPrecision"]
 
@@ -31,7 +35,8 @@ def _device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def get_grad_scaler(distributed_type=None, **kwargs):
+def get_grad_scaler(distributed_type: Optional[Union[DistributedType, str]] = None,
+                    **kwargs: Any) -> torch.amp.GradScaler:
     """A ``torch.amp.GradScaler`` for the run's device (``ShardedGradScaler`` under FSDP).
 
     ``kwargs`` go to the scaler's constructor (``init_scale``, ``growth_interval``, ``enabled``, ``device`` ...).
@@ -58,7 +63,9 @@ def _autocast_options(autocast_kwargs) -> dict:
     )
 
 
-def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs=None):
+def get_mixed_precision_context_manager(native_amp: bool = False,
+                                        autocast_kwargs: Optional[Union[AutocastKwargs, Mapping[str, Any]]] = None
+                                        ) -> ContextManager[None]:
     """``torch.autocast`` for the run's device and mixed precision, or a ``nullcontext`` when ``native_amp`` is
     False (mixed precision off).
 
@@ -107,8 +114,9 @@ class MixedPrecision(Precision):
         scaler_class: the fp16 loss scaler's class (a sharded backend's; ``torch.amp.GradScaler`` by default).
     """
 
-    def __init__(self, mode: str, device: torch.device, scaler_kwargs=None, autocast_kwargs=None,
-                 scaler_class=None):
+    def __init__(self, mode: str, device: torch.device, scaler_kwargs: Optional[GradScalerKwargs] = None,
+                 autocast_kwargs: Optional[AutocastKwargs] = None,
+                 scaler_class: Optional[type[torch.amp.GradScaler]] = None):
         self.mode = mode
         self.device = device
         self.autocast_kwargs = autocast_kwargs
@@ -131,7 +139,7 @@ class MixedPrecision(Precision):
         """Whether autocast is on (fp16, bf16, fp8's non-fp8 layers)."""
         return self.mode in ("fp16", "bf16", "fp8")
 
-    def autocast(self, autocast_handler=None):
+    def autocast(self, autocast_handler: Optional[AutocastKwargs] = None) -> ContextManager[None]:
         """The autocast context for this run (``autocast_handler`` overrides the run's AutocastKwargs): this
         precision's device and dtype, never the process-wide state's."""
         options = self._autocast_options if autocast_handler is None else \
@@ -140,7 +148,7 @@ class MixedPrecision(Precision):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, **options)
 
-    def wrap_forward(self, model):
+    def wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
         """Make ``model.forward`` run under autocast and return fp32 outputs (no-op without mixed precision)."""
         if not self.native_amp or isinstance(model.__dict__.get("forward"), _AutocastForward):
             return model

@@ -8,8 +8,14 @@ context, how a model's forward is wrapped, how its weights read in a state dict,
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING, ContextManager, Optional
 
 from ..config.fp8 import FP8BackendType
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..config.kwargs import AutocastKwargs
 
 __all__ = ["Precision"]
 
@@ -31,11 +37,11 @@ class Precision:
         """Whether torch's autocast is on."""
         return self.autocast_dtype is not None
 
-    def autocast(self, autocast_handler=None):
+    def autocast(self, autocast_handler: Optional[AutocastKwargs] = None) -> ContextManager[None]:
         """The context a forward pass runs in (``autocast_handler``: an ``AutocastKwargs`` for this block)."""
         return contextlib.nullcontext()
 
-    def wrap_forward(self, model):
+    def wrap_forward(self, model: nn.Module) -> nn.Module:
         """``model`` with its forward wrapped for this precision (returned as it is here)."""
         return model
 

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import TYPE_CHECKING, ContextManager, Optional
 
 import torch
 from torch import nn
 
 from ..collectives.operations import convert_to_fp32
 from .base import Precision
+
+if TYPE_CHECKING:
+    from ..config.fp8 import AORecipeKwargs
+    from ..config.kwargs import AutocastKwargs
 
 __all__ = ["EnginePrecision"]
 
@@ -48,7 +53,7 @@ class EnginePrecision(Precision):
     ``device`` and ``fp8_recipe`` are read for fp8 only.
     """
 
-    def __init__(self, mode: str, device=None, fp8_recipe=None):
+    def __init__(self, mode: str, device: Optional[torch.device] = None, fp8_recipe: Optional[AORecipeKwargs] = None):
         self.mode = mode
         self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(mode)
         self.recipe = None
@@ -59,7 +64,7 @@ class EnginePrecision(Precision):
             self.recipe = checked_recipe(device if device is not None else torch.device("cpu"), fp8_recipe)
             self.fp8_backend = FP8BackendType.AO
 
-    def autocast(self, autocast_handler=None):
+    def autocast(self, autocast_handler: Optional[AutocastKwargs] = None) -> ContextManager[None]:
         return contextlib.nullcontext()
 
     def wrap_forward(self, model: nn.Module) -> nn.Module:

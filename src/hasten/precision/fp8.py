@@ -19,6 +19,9 @@ from .autocast import MixedPrecision
 if TYPE_CHECKING:
     from torchao.float8 import Float8LinearConfig
 
+    from ..config.fp8 import AORecipeKwargs
+    from ..config.kwargs import AutocastKwargs, GradScalerKwargs
+
 __all__ = ["Float8Precision", "fp8_recipe", "convert_with_recipe", "find_first_last_linear_layers", "filter_linear_layers",
            "filter_first_and_last_linear_layers", "has_ao_layers", "convert_model_to_fp8_ao"]
 
@@ -38,12 +41,13 @@ class Float8Precision(MixedPrecision):
 
     fp8_backend = FP8BackendType.AO
 
-    def __init__(self, device: torch.device, scaler_kwargs=None, autocast_kwargs=None, scaler_class=None,
-                 recipe=None):
+    def __init__(self, device: torch.device, scaler_kwargs: Optional[GradScalerKwargs] = None,
+                 autocast_kwargs: Optional[AutocastKwargs] = None,
+                 scaler_class: Optional[type[torch.amp.GradScaler]] = None, recipe: Optional[AORecipeKwargs] = None):
         self.recipe = fp8_recipe(device, recipe)
         super().__init__("fp8", device, scaler_kwargs, autocast_kwargs, scaler_class)
 
-    def wrap_forward(self, model):
+    def wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
         """Convert the chosen linear layers to fp8 (once: a model that already holds them is left as it is), then
         run the forward under bf16 autocast."""
         return super().wrap_forward(convert_with_recipe(model, self.recipe))
@@ -54,7 +58,7 @@ class Float8Precision(MixedPrecision):
         return {key: _inner_tensor(value) for key, value in state.items()}
 
 
-def fp8_recipe(device: torch.device, recipe=None):
+def fp8_recipe(device: torch.device, recipe: Optional[AORecipeKwargs] = None) -> AORecipeKwargs:
     """The run's ``AORecipeKwargs`` (a default one when None) with its ``config`` built, after checking that fp8
     can train here: torchao installed, and the CPU or a GPU of compute capability 8.9 or newer."""
     if not is_torchao_available():
@@ -76,7 +80,8 @@ def fp8_recipe(device: torch.device, recipe=None):
     return recipe
 
 
-def convert_with_recipe(model, recipe, fsdp_all_gather: bool = True):
+def convert_with_recipe(model: torch.nn.Module, recipe: AORecipeKwargs,
+                        fsdp_all_gather: bool = True) -> torch.nn.Module:
     """``model`` with the layers ``recipe`` chooses converted to fp8; a model holding fp8 layers already is returned
     as it is. ``fsdp_all_gather=False`` (an engine that flattens parameters itself, DeepSpeed): the weights stay
     plain tensors whatever the config's ``enable_fsdp_float8_all_gather``, an FSDP2 feature the engine cannot
@@ -103,7 +108,7 @@ def _inner_tensor(value):
     return value
 
 
-def find_first_last_linear_layers(model: torch.nn.Module):
+def find_first_last_linear_layers(model: torch.nn.Module) -> tuple[Optional[str], Optional[str]]:
     """Names of the first and the last ``nn.Linear`` of ``model`` (``(None, None)`` when it has none).
 
     fp8 training keeps them in higher precision: quantizing them tends to make training unstable.
@@ -116,7 +121,7 @@ def find_first_last_linear_layers(model: torch.nn.Module):
     return first, last
 
 
-def filter_linear_layers(module, fqn: str, layers_to_filter: list[str]) -> bool:
+def filter_linear_layers(module: torch.nn.Module, fqn: str, layers_to_filter: list[str]) -> bool:
     """Whether ``module`` (named ``fqn``) may be converted to fp8: not in ``layers_to_filter``, and, for a linear
     layer, both dimensions divisible by 16."""
     if isinstance(module, torch.nn.Linear) and (module.in_features % 16 or module.out_features % 16):
@@ -124,13 +129,13 @@ def filter_linear_layers(module, fqn: str, layers_to_filter: list[str]) -> bool:
     return fqn not in layers_to_filter
 
 
-def filter_first_and_last_linear_layers(module, fqn: str) -> bool:
+def filter_first_and_last_linear_layers(module: torch.nn.Module, fqn: str) -> bool:
     """``filter_linear_layers`` that also keeps the first and last linear layers of ``module`` out."""
     first, last = find_first_last_linear_layers(module)
     return filter_linear_layers(module, fqn, layers_to_filter=[first, last])
 
 
-def has_ao_layers(model: torch.nn.Module):
+def has_ao_layers(model: torch.nn.Module) -> bool:
     """Whether ``model`` holds torchao ``Float8Linear`` layers."""
     float8_linear = sys.modules.get("torchao.float8.float8_linear")
     if float8_linear is None:  # never imported, so no such layer can exist
@@ -139,7 +144,7 @@ def has_ao_layers(model: torch.nn.Module):
 
 
 def convert_model_to_fp8_ao(model: torch.nn.Module, config: Optional["Float8LinearConfig"] = None,
-                            module_filter_func: Optional[Callable] = None):
+                            module_filter_func: Optional[Callable] = None) -> torch.nn.Module:
     """Convert ``model``'s linear layers to torchao's ``Float8Linear`` in place; returns the model (a model that is
     itself one ``nn.Linear`` is replaced, so use the result).
 
