@@ -4,6 +4,7 @@ A strategy writes its state inside the staging folder through its checkpoint IO;
 one file per step:
 
 - ``targets``: what a checkpoint saves and restores (``CheckpointTargets``, handed over by the Accelerator);
+- ``strategy_protocol``: what checkpointing asks of the run's strategy (``CheckpointingStrategy``);
 - the formats, one class each owning its names, how its files are found, read whole and recognised:
   ``full_files`` (``FullStateFormat``, the reference library's one file per object, so each library reads the
   other's), ``sharded_files`` (``ShardedFormat``, DCP folders), ``deepspeed_files`` (an engine's folder);

@@ -7,18 +7,22 @@ process and what went wrong there.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from ..collectives.operations import gather_object
 from ..state import PartialState
 from .errors import CheckpointError
+
+if TYPE_CHECKING:
+    from ..collectives.process_view import ProcessView
 
 __all__ = ["together", "raise_if_any_failed", "gather_failures"]
 
 T = TypeVar("T")
 
 
-def gather_failures(error: Optional[BaseException], processes=None) -> list[tuple[int, str, str]]:
+def gather_failures(error: Optional[BaseException],
+                    processes: Optional[ProcessView] = None) -> list[tuple[int, str, str]]:
     """Collective: ``(process, error type name, message)`` of every process whose ``error`` is not None."""
     state = processes or PartialState()
     outcome = None if error is None else (type(error).__name__, str(error))
@@ -26,7 +30,7 @@ def gather_failures(error: Optional[BaseException], processes=None) -> list[tupl
     return [(index, found[0], found[1]) for index, found in enumerate(outcomes) if found is not None]
 
 
-def raise_if_any_failed(error: Optional[BaseException], during: str, processes=None) -> None:
+def raise_if_any_failed(error: Optional[BaseException], during: str, processes: Optional[ProcessView] = None) -> None:
     """Collective (over ``processes``, default every process): re-raise ``error`` here, or raise
     ``CheckpointError`` if another process had one."""
     state = processes or PartialState()
@@ -42,7 +46,8 @@ def raise_if_any_failed(error: Optional[BaseException], during: str, processes=N
         raise CheckpointError(f"{during} failed on process {index} (so it stops here too): {kind}: {text}")
 
 
-def together(during: str, function: Callable[..., T], *args, processes=None, **kwargs) -> T:
+def together(during: str, function: Callable[..., T], *args: Any, processes: Optional[ProcessView] = None,
+             **kwargs: Any) -> T:
     """Run ``function`` on this process, then agree with the others (see the module docstring). ``processes``: who
     takes part (None: every process; a one-process view when the main process saves alone)."""
     try:

@@ -26,13 +26,16 @@ import dataclasses
 import logging
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from ..state import PartialState
 from .errors import CheckpointError
 from .model_files import _alias_key
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["detached_copy", "release_snapshot_memory", "completion_group", "PendingSave", "WriteNow",
            "WriteInBackground", "start", "wait_for_pending", "pending"]
@@ -133,7 +136,7 @@ def detached_copy(obj: Any, reuse: bool = False) -> Any:
 
 
 # ----------------------------------------------------------------------------- agreeing in the background
-def completion_group():
+def completion_group() -> Optional[ProcessGroup]:
     """Collective on the first call (every process, from the calling thread): the gloo group that background
     threads agree on; None when this is a single process."""
     global _group
@@ -173,7 +176,7 @@ class PendingSave:
     writing failed anywhere."""
 
     def __init__(self, folder: Path, write: Callable[[], None], complete: Callable[[], None],
-                 abandon: Callable[[BaseException], None], group):
+                 abandon: Callable[[BaseException], None], group: Optional[ProcessGroup]):
         self.folder = folder
         self._write, self._complete, self._abandon, self._group = write, complete, abandon, group
         self.error: Optional[BaseException] = None

@@ -28,7 +28,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Union
 
 from .checksums import check_files_later, checksums_enabled, checksums_of
 from .errors import CheckpointError, CorruptCheckpointError, IncompleteCheckpointError
@@ -62,7 +62,7 @@ def is_staging_name(name: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- flushing
-def fsync_folder(path) -> None:
+def fsync_folder(path: Union[str, os.PathLike]) -> None:
     """Flush a folder's entries (renames, new files) to the disk; a no-op where folders cannot be opened."""
     try:
         descriptor = os.open(path, os.O_RDONLY)
@@ -127,7 +127,7 @@ def read_marker(folder: Path) -> Optional[dict]:
     return marker
 
 
-def is_complete(folder) -> bool:
+def is_complete(folder: Union[str, os.PathLike]) -> bool:
     """Whether ``folder`` carries a readable completion marker (a quick test; ``verify_complete`` checks files)."""
     try:
         return read_marker(Path(folder)) is not None
@@ -135,7 +135,7 @@ def is_complete(folder) -> bool:
         return False
 
 
-def start_content_check(folder: Path, marker: Optional[dict]):
+def start_content_check(folder: Path, marker: Optional[dict]) -> Callable[[], Optional[tuple[str, str, str]]]:
     """Start recomputing the checksums the marker recorded (in the background); returns ``wait()``, which gives
     None or ``(file, checksum now, checksum saved)`` of a file whose content changed."""
     checksums = marker.get("checksums") if marker else None
@@ -154,7 +154,7 @@ def content_changed(folder: Path, relative: str, found: str, recorded: str) -> C
     )
 
 
-def verify_complete(folder, check_content: bool = True) -> Optional[dict]:
+def verify_complete(folder: Union[str, os.PathLike], check_content: bool = True) -> Optional[dict]:
     """Check that every file the marker lists exists with its saved size and (``check_content``) checksum;
     return the marker.
 
@@ -228,7 +228,8 @@ def _finish_replacement(final: Path, aside: Path, is_checkpoint_file) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def swap_into_place(staging: Path, final: Path, is_checkpoint_file=lambda name: False) -> None:
+def swap_into_place(staging: Path, final: Path,
+                    is_checkpoint_file: Callable[[str], bool] = lambda name: False) -> None:
     """Rename the completed ``staging`` folder to ``final``, replacing what was there.
 
     Every step leaves a state ``recover_interrupted_swap`` can finish: the old folder is first moved aside
@@ -247,7 +248,7 @@ def swap_into_place(staging: Path, final: Path, is_checkpoint_file=lambda name: 
     _finish_replacement(final, aside, is_checkpoint_file)
 
 
-def recover_interrupted_swap(final: Path, is_checkpoint_file=lambda name: False) -> None:
+def recover_interrupted_swap(final: Path, is_checkpoint_file: Callable[[str], bool] = lambda name: False) -> None:
     """Finish (or undo) a replacement that a killed save left half done (see ``swap_into_place``)."""
     aside = replaced_folder(final)
     if not aside.is_dir():

@@ -16,18 +16,38 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 
 from .errors import CheckpointNotFoundError
 from .loading import agreed_folder
 from .rotation import checkpoints_root, newest_complete_checkpoint
+
+if TYPE_CHECKING:
+    from ..config.project import ProjectConfiguration
+    from .strategy_protocol import CheckpointingStrategy
+    from .targets import CheckpointTargets
 
 __all__ = ["auto_resume", "latest_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 
-def latest_checkpoint(accelerator, checkpoints_dir=None) -> Optional[str]:
+class _ResumingAccelerator(Protocol):
+    """What ``auto_resume`` asks of the ``Accelerator`` (a room above this one: named by what it does, not imported)."""
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration: ...
+
+    @property
+    def strategy(self) -> CheckpointingStrategy: ...
+
+    def wait_for_checkpoint(self) -> Optional[str]: ...
+
+    def checkpoint_targets(self) -> CheckpointTargets: ...
+
+
+def latest_checkpoint(accelerator: _ResumingAccelerator,
+                      checkpoints_dir: Optional[Union[str, os.PathLike]] = None) -> Optional[str]:
     """The newest complete checkpoint of the project (or under ``checkpoints_dir``), or None (collective)."""
     root = Path(os.fspath(checkpoints_dir)) if checkpoints_dir is not None \
         else checkpoints_root(accelerator.project_configuration)
@@ -44,7 +64,8 @@ def latest_checkpoint(accelerator, checkpoints_dir=None) -> Optional[str]:
         return None
 
 
-def auto_resume(accelerator, checkpoints_dir=None, **load_state_kwargs) -> Optional[str]:
+def auto_resume(accelerator: _ResumingAccelerator, checkpoints_dir: Optional[Union[str, os.PathLike]] = None,
+                **load_state_kwargs: Any) -> Optional[str]:
     """Load the newest complete checkpoint if there is one; returns its folder, or None on a fresh start.
 
     ``checkpoints_dir`` defaults to ``{project_dir}/checkpoints`` (automatic naming). Call it on every process,

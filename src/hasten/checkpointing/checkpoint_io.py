@@ -22,15 +22,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from . import layout
-from .full_state_reader import apply_full_state, read_full_state
+from .full_state_reader import LoadedState, apply_full_state, read_full_state
 from .full_files import write_shared_files
 from .model_files import state_dict_for_checkpoint
 from .rng import capture_rng_states
 from .targets import CheckpointTargets, loader_state
 from .writers import write_pickle
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.distributed import ProcessGroup
+
+    from ..core.aliases import Device
+    from .strategy_protocol import CheckpointingStrategy
 
 __all__ = ["FullStateCheckpointIO", "Snapshot", "take_snapshot", "write_full_state", "write_shared_files",
            "write_process_files"]
@@ -41,20 +49,22 @@ class FullStateCheckpointIO:
     the shared files writes models, optimizers, schedulers, scaler and registered objects, every process its
     random states and loader positions."""
 
-    def collect(self, strategy, targets: CheckpointTargets, options: Optional[dict] = None):
+    def collect(self, strategy: CheckpointingStrategy, targets: CheckpointTargets,
+                options: Optional[dict] = None) -> Snapshot:
         return take_snapshot(strategy, targets)
 
     def write(self, staging: Path, collected: Snapshot, *, writes_shared_files: bool, process_index: int,
-              safe_serialization: bool = True, process_group: Any = None) -> None:
+              safe_serialization: bool = True, process_group: Optional[ProcessGroup] = None) -> None:
         """``process_group``: the group a writer's collectives use (a background save's own); unused here."""
         write_full_state(staging, collected, writes_shared_files=writes_shared_files, process_index=process_index,
                          safe_serialization=safe_serialization)
 
-    def read(self, strategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets, *,
-             load_kwargs: Optional[dict] = None, device="cpu", strict: bool = True):
+    def read(self, strategy: CheckpointingStrategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets,
+             *, load_kwargs: Optional[dict] = None, device: Device = "cpu", strict: bool = True) -> LoadedState:
         return read_full_state(strategy, folder, marker, targets, load_kwargs, device, strict)
 
-    def apply(self, strategy, loaded, targets: CheckpointTargets, strict: bool = True) -> None:
+    def apply(self, strategy: CheckpointingStrategy, loaded: LoadedState, targets: CheckpointTargets,
+              strict: bool = True) -> None:
         apply_full_state(strategy, loaded, targets, strict)
 
 
@@ -75,7 +85,10 @@ class Snapshot:
         self.rng = capture_rng_states(step=self.rng.get("step", 0))
 
 
-def take_snapshot(strategy, targets, model_state=None, optimizer_state=None) -> Snapshot:
+def take_snapshot(strategy: CheckpointingStrategy, targets: CheckpointTargets,
+                  model_state: Optional[Callable[[nn.Module], dict]] = None,
+                  optimizer_state: Optional[Callable[[Optional[nn.Module], torch.optim.Optimizer], dict]] = None,
+                  ) -> Snapshot:
     """Collective under sharded strategies (their state dicts gather): every process calls it.
     ``model_state(model)`` / ``optimizer_state(model, optimizer)``: how to take those states (default: the
     strategy's full state dicts)."""

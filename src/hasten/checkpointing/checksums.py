@@ -26,7 +26,7 @@ import threading
 import zlib
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional, Union
 
 __all__ = ["checksums_enabled", "default_algorithm", "file_checksum", "check_file", "ENV_VARIABLE",
            "note_written", "checksums_of", "check_files_later"]
@@ -60,7 +60,7 @@ def default_algorithm() -> str:
     return "crc32c" if "crc32c" in _ALGORITHMS else "crc32"
 
 
-def file_checksum(path, algorithm: Optional[str] = None) -> str:
+def file_checksum(path: Union[str, os.PathLike], algorithm: Optional[str] = None) -> str:
     """``"{algorithm}:{value:08x}"`` of the file's bytes, read through a memory map in chunks."""
     algorithm = algorithm or default_algorithm()
     update = _ALGORITHMS[algorithm]
@@ -121,7 +121,7 @@ def _identity(path) -> tuple:
     return status.st_ino, status.st_size, status.st_mtime_ns
 
 
-def note_written(path) -> None:
+def note_written(path: Union[str, os.PathLike]) -> None:
     """Start checksumming a file that was just written and closed (``checksums_of`` collects the result)."""
     if not checksums_enabled():
         return
@@ -131,7 +131,7 @@ def note_written(path) -> None:
         _pending[path] = (_identity(path), future)
 
 
-def checksums_of(folder: Path, relatives) -> dict:
+def checksums_of(folder: Path, relatives: Iterable[str]) -> dict[str, str]:
     """``relative path -> checksum`` of files under ``folder``: those started by ``note_written`` (if the
     file was not changed since), the others computed now, in parallel."""
     started = {}

@@ -25,12 +25,17 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from . import layout
 from .atomic import SaveLock, content_changed, files_of, fsync_folder, read_marker
 from .checksums import check_file, checksums_enabled, checksums_of
 from .errors import CheckpointError, CorruptCheckpointError, IncompleteCheckpointError
+
+if TYPE_CHECKING:
+    from .participation import Handshake
+    from .strategy_protocol import CheckpointingStrategy
+    from .targets import CheckpointTargets
 
 __all__ = ["ProcessFiles", "add_process_files", "contribution_staging", "recorded_files", "verify_contribution",
            "missing_processes"]
@@ -111,7 +116,8 @@ class ProcessFiles:
         return marker
 
 
-def add_process_files(strategy, targets, folder: Path, handshake, async_save: bool = False) -> None:
+def add_process_files(strategy: CheckpointingStrategy, targets: CheckpointTargets, folder: Path, handshake: Handshake,
+                      async_save: bool = False) -> None:
     """This process's part of a checkpoint the main process writes by itself: its save hooks, random states and
     loader positions, staged now and added once the main process completed the checkpoint (in the background with
     ``async_save``). ``handshake``: the call's ``participation.Handshake``."""

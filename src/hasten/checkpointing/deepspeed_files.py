@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -63,7 +64,7 @@ def _require_deepspeed():
     return zero_to_fp32
 
 
-def is_deepspeed_checkpoint(folder) -> bool:
+def is_deepspeed_checkpoint(folder: Union[str, os.PathLike]) -> bool:
     """Whether ``folder`` is the tag folder of a DeepSpeed engine checkpoint (it holds a model-states file)."""
     folder = Path(folder)
     return (folder / MODEL_FILE).is_file() or (folder / ZERO3_MODEL_FILE.format(rank=0)).is_file()
@@ -124,7 +125,7 @@ def _optimizer_kind(model_states: dict, first_optim: Optional[dict]) -> str:
     return "torch"
 
 
-def read_deepspeed_layout(folder) -> dict:
+def read_deepspeed_layout(folder: Union[str, os.PathLike]) -> dict:
     """Cheaply describe a DeepSpeed checkpoint: ZeRO stage, data-parallel size, training dtype, file names.
 
     Reads only the model-states file and the first optimizer file, memory-mapped (the big tensors stay on disk).
@@ -365,7 +366,8 @@ def _zero_optimizer_state(zero_to_fp32, stage, world_size, bases, model_states, 
 
 # ----------------------------------------------------------------------------------------------------------------
 
-def read_deepspeed_checkpoint(folder, *, with_optimizer: bool = True):
+def read_deepspeed_checkpoint(folder: Union[str, os.PathLike], *,
+                              with_optimizer: bool = True) -> tuple[dict, Optional[dict]]:
     """Rebuild ``(model_state, optimizer_state)`` from a DeepSpeed tag folder, on CPU, with no process group.
 
     ``model_state``: every name of the model's ``state_dict()`` (tied parameters under each of their names,
@@ -389,7 +391,7 @@ def read_deepspeed_checkpoint(folder, *, with_optimizer: bool = True):
     return weights, (optimizer if with_optimizer else None)
 
 
-def deepspeed_parameter_names(folder) -> list:
+def deepspeed_parameter_names(folder: Union[str, os.PathLike]) -> list[list[str]]:
     """The parameter names of each optimizer group, in position order (position ``i`` of
     ``read_deepspeed_checkpoint``'s optimizer state is the ``i``-th name of the flattened list).
 

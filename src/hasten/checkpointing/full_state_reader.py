@@ -18,7 +18,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -32,6 +32,11 @@ from .model_files import prepare_loaded_state
 from .rng import capture_rng_states, restore_rng_states
 from .safe_load import load_pickle_file
 from .targets import CheckpointTargets, loader_state
+
+if TYPE_CHECKING:
+    from ..core.aliases import Device
+    from .formats import CheckpointFormat
+    from .strategy_protocol import CheckpointingStrategy
 
 __all__ = ["LoadedState", "read_full_state", "apply_full_state", "model_location"]
 
@@ -49,7 +54,7 @@ def _model_location(folder: Path, index: int) -> tuple:
     return found
 
 
-def model_location(folder: Path, index: int) -> tuple:
+def model_location(folder: Path, index: int) -> tuple[CheckpointFormat, Path]:
     """``(format, path)``: where model ``index``'s weights are in ``folder``, and the format that reads them."""
     return _model_location(Path(folder), index)
 
@@ -213,8 +218,8 @@ def _check_dict(path: Path, what: str, state) -> None:
                                      f"{type(state).__name__}). Load another checkpoint.")
 
 
-def read_full_state(strategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets,
-                    load_kwargs: Optional[dict], device, strict: bool) -> LoadedState:
+def read_full_state(strategy: CheckpointingStrategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets,
+                    load_kwargs: Optional[dict], device: Device, strict: bool) -> LoadedState:
     """Read and check every file of ``folder`` this process needs; nothing is applied (see the module doc)."""
     models = targets.run_load_hooks(folder, strategy.unwrap)
     plan = _Plan(targets, folder, marker, models)
@@ -275,7 +280,8 @@ def _copy(value):
         return value
 
 
-def apply_full_state(strategy, loaded: LoadedState, targets: CheckpointTargets, strict: bool) -> None:
+def apply_full_state(strategy: CheckpointingStrategy, loaded: LoadedState, targets: CheckpointTargets,
+                     strict: bool) -> None:
     """Apply what ``read_full_state`` read, models last; on failure put back what was applied, then raise."""
     undo = []  # (function, argument) pairs that put back what was applied, run in reverse on failure
     try:

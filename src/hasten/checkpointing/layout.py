@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional
+from typing import Optional, Union
 
 from ..core.constants import RNG_STATE_NAME
 
@@ -52,12 +52,12 @@ def process_record_file(process_index: int) -> str:
     return f"{PROCESS_RECORD_NAME}_{process_index}.json"
 
 
-def automatic_folder(project_dir, iteration: int) -> str:
+def automatic_folder(project_dir: Union[str, os.PathLike], iteration: int) -> str:
     """``{project_dir}/checkpoints/checkpoint_{iteration}``."""
     return os.path.join(os.fspath(project_dir), CHECKPOINTS_FOLDER, f"checkpoint_{iteration}")
 
 
-def automatic_iteration(folder) -> Optional[int]:
+def automatic_iteration(folder: Union[str, os.PathLike]) -> Optional[int]:
     """The iteration in an automatically named folder's name (``checkpoint_12`` -> 12), else None."""
     match = _AUTOMATIC.fullmatch(os.path.basename(os.path.normpath(os.fspath(folder))))
     return int(match.group(1)) if match else None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from ..collectives.operations import broadcast_object_list
 from ..state import PartialState
@@ -32,6 +32,12 @@ from .formats import is_checkpoint_file
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError
 from .rotation import checkpoints_root, complete_checkpoints, require_newest_complete_checkpoint
 
+if TYPE_CHECKING:
+    from ..config.project import ProjectConfiguration
+    from ..core.aliases import Device
+    from .strategy_protocol import CheckpointingStrategy
+    from .targets import CheckpointTargets
+
 __all__ = ["load_state", "load_newest", "resolve_load_folder", "agreed_folder", "complete_candidates"]
 
 logger = logging.getLogger(__name__)
@@ -39,7 +45,7 @@ logger = logging.getLogger(__name__)
 _MAP_LOCATIONS = (None, "cpu", "on_device")
 
 
-def agreed_folder(pick) -> Path:
+def agreed_folder(pick: Callable[[], Union[str, os.PathLike]]) -> Path:
     """The main process runs ``pick()``; every process gets its folder, or raises its error."""
     state = PartialState()
     answer = [None, None]
@@ -55,7 +61,8 @@ def agreed_folder(pick) -> Path:
     return Path(answer[0])
 
 
-def resolve_load_folder(project_configuration, input_dir) -> Path:
+def resolve_load_folder(project_configuration: ProjectConfiguration,
+                        input_dir: Optional[Union[str, os.PathLike]]) -> Path:
     """The folder to load: ``input_dir``, else the newest complete automatic checkpoint (collective)."""
     if input_dir is not None:
         folder = Path(os.path.abspath(os.path.expanduser(os.fspath(input_dir))))
@@ -126,7 +133,7 @@ def _load_folder(strategy, targets, folder: Path, load_kwargs, device, strict: b
     together("loading the checkpoint", strategy.apply_checkpoint, loaded, targets, strict)
 
 
-def complete_candidates(root) -> list[Path]:
+def complete_candidates(root: Union[str, os.PathLike]) -> list[Path]:
     """Collective: the complete checkpoints under ``root``, newest first, as the main process sees them."""
     state = PartialState()
     found = [None]
@@ -137,7 +144,8 @@ def complete_candidates(root) -> list[Path]:
     return [Path(folder) for folder in found[0]]
 
 
-def load_newest(strategy, targets, project, root, load_kwargs: Optional[dict] = None, device="cpu",
+def load_newest(strategy: CheckpointingStrategy, targets: CheckpointTargets, project: ProjectConfiguration,
+                root: Union[str, os.PathLike], load_kwargs: Optional[dict] = None, device: Device = "cpu",
                 strict: bool = True) -> Path:
     """Load the newest complete checkpoint under ``root`` that is intact; a damaged one is reported and the
     one before it tried. Raises ``CheckpointNotFoundError`` when there is none, the last error when none loads."""
@@ -166,8 +174,9 @@ def _skip_past(project, damaged: Path) -> None:
         project.iteration = max(project.iteration, iteration + 1)
 
 
-def load_state(strategy, targets, project, input_dir=None, load_kwargs: Optional[dict] = None, _newest_under=None,
-               **load_model_func_kwargs) -> str:
+def load_state(strategy: CheckpointingStrategy, targets: CheckpointTargets, project: ProjectConfiguration,
+               input_dir: Optional[Union[str, os.PathLike]] = None, load_kwargs: Optional[dict] = None,
+               _newest_under: Optional[Union[str, os.PathLike]] = None, **load_model_func_kwargs: Any) -> str:
     """Load a state saved by ``save_state`` (or by the reference library) into ``targets`` (a ``CheckpointTargets``)
     through ``strategy``; returns the folder loaded. ``project``: the ``ProjectConfiguration`` that names automatic
     folders. ``_newest_under`` (for ``auto_resume``): load the newest intact complete checkpoint under that folder."""

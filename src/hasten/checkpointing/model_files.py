@@ -12,10 +12,14 @@ once are filled in from their twin before the strategy loads the dict.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from ..core.aliases import NestedData
+    from .strategy_protocol import CheckpointingStrategy
 
 __all__ = ["state_dict_for_checkpoint", "drop_aliases", "match_keys", "fill_aliases",
            "prepare_loaded_state"]
@@ -26,7 +30,7 @@ _COMPILED = "_orig_mod"
 _DATA_PARALLEL = "module"
 
 
-def state_dict_for_checkpoint(strategy, model: nn.Module) -> dict:
+def state_dict_for_checkpoint(strategy: CheckpointingStrategy, model: nn.Module) -> dict:
     """The model's state dict as the strategy gives it (keys of the unwrapped model, as the reference writes)."""
     return dict(strategy.model_state_dict(model))
 
@@ -110,13 +114,13 @@ def fill_aliases(loaded: dict, expected: Mapping[str, torch.Tensor]) -> dict:
     return loaded
 
 
-def prepare_loaded_state(strategy, model: nn.Module, loaded: Mapping) -> dict:
+def prepare_loaded_state(strategy: CheckpointingStrategy, model: nn.Module, loaded: Mapping) -> dict:
     """A state dict read from a file, made ready for ``strategy.load_model_state_dict(model, ...)``."""
     expected = strategy.expected_state_dict(model, keep_vars=True)
     return fill_aliases(match_keys(loaded, expected.keys()), expected)
 
 
-def flatten_names(state, prefix: str = ""):
+def flatten_names(state: NestedData, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` for every tensor of a nested state, named as torch.distributed.checkpoint flattens it
     (keys and list positions joined with dots)."""
     if isinstance(state, torch.Tensor):

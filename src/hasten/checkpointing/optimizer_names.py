@@ -7,6 +7,9 @@ strategy loads under another.
 """
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from torch import nn
 
 __all__ = ["clean_name", "parameter_names", "by_position", "by_name", "is_shard", "is_local_state"]
@@ -21,7 +24,7 @@ def clean_name(name: str) -> str:
     return name
 
 
-def parameter_names(model: nn.Module, optimizer) -> list[list[str]]:
+def parameter_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
     """For each parameter group of ``optimizer``, the names (in ``model``) of its parameters, in order."""
     names = {id(param): clean_name(name) for name, param in model.named_parameters()}
     groups = []
@@ -59,7 +62,7 @@ def by_name(positional: dict, names: list[list[str]]) -> dict:
     return {"state": state, "param_groups": groups}
 
 
-def is_shard(value) -> bool:
+def is_shard(value: Any) -> bool:
     """Whether ``value`` is one rank's part of a tensor: a DTensor (FSDP2) or a ShardedTensor (FSDP1)."""
     return hasattr(value, "device_mesh") or type(value).__name__ == "ShardedTensor"
 

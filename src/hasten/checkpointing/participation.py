@@ -36,12 +36,15 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..collectives.process_view import ProcessView
 from ..core.env_aliases import get_setting
 from ..state import PartialState
 from .errors import CheckpointError
+
+if TYPE_CHECKING:
+    from .strategy_protocol import CheckpointingStrategy
 
 __all__ = ["Participation", "settle_participation", "Handshake"]
 
@@ -127,7 +130,8 @@ class Participation:
     alone: bool = False
 
 
-def settle_participation(strategy, folder: Path, save_on_each_node: bool = False) -> Participation:
+def settle_participation(strategy: CheckpointingStrategy, folder: Path,
+                         save_on_each_node: bool = False) -> Participation:
     """Decide how this process takes part in saving to ``folder`` (see the module docstring)."""
     state = PartialState()
     if not state.use_distributed or not getattr(strategy, "saves_from_one_process", False):

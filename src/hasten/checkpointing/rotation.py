@@ -16,13 +16,16 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 from .atomic import is_complete, is_staging_name, remove_folder
 from .errors import CheckpointNotFoundError
 from .contributions import missing_processes
 from .layout import CHECKPOINTS_FOLDER, automatic_folder, automatic_iteration
 from .atomic import LOCK_NAME, lock_holder_alive, read_lock
+
+if TYPE_CHECKING:
+    from ..config.project import ProjectConfiguration
 
 __all__ = ["checkpoints_root", "next_automatic_folder", "list_checkpoints", "complete_checkpoints",
            "newest_complete_checkpoint",
@@ -31,7 +34,7 @@ __all__ = ["checkpoints_root", "next_automatic_folder", "list_checkpoints", "com
 logger = logging.getLogger(__name__)
 
 
-def checkpoints_root(project_configuration) -> Path:
+def checkpoints_root(project_configuration: ProjectConfiguration) -> Path:
     """``{project_dir}/checkpoints``; a clear error when the project has no folder."""
     if project_configuration.project_dir is None:
         raise ValueError(
@@ -41,7 +44,7 @@ def checkpoints_root(project_configuration) -> Path:
     return Path(project_configuration.project_dir) / CHECKPOINTS_FOLDER
 
 
-def next_automatic_folder(project_configuration) -> Path:
+def next_automatic_folder(project_configuration: ProjectConfiguration) -> Path:
     """The folder the next automatic save writes, ``checkpoint_{iteration}``; it must not exist yet, unless it is one
     that a process was killed while adding its files to (it cannot be loaded; the save replaces it)."""
     checkpoints_root(project_configuration)  # the project_dir check
@@ -56,7 +59,7 @@ def next_automatic_folder(project_configuration) -> Path:
     return folder
 
 
-def list_checkpoints(root) -> list[tuple[int, Path]]:
+def list_checkpoints(root: Union[str, os.PathLike]) -> list[tuple[int, Path]]:
     """``(iteration, folder)`` of every ``checkpoint_{n}`` folder under ``root``, oldest first."""
     root = Path(root)
     if not root.is_dir():
@@ -69,7 +72,7 @@ def list_checkpoints(root) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def complete_checkpoints(root) -> list[Path]:
+def complete_checkpoints(root: Union[str, os.PathLike]) -> list[Path]:
     """The checkpoints under ``root`` whose save completed, newest first; folders skipped are logged."""
     complete = []
     for iteration, folder in reversed(list_checkpoints(root)):
@@ -85,13 +88,13 @@ def complete_checkpoints(root) -> list[Path]:
     return complete
 
 
-def newest_complete_checkpoint(root) -> Optional[Path]:
+def newest_complete_checkpoint(root: Union[str, os.PathLike]) -> Optional[Path]:
     """The newest checkpoint under ``root`` whose save completed, or None; folders skipped are logged."""
     complete = complete_checkpoints(root)
     return complete[0] if complete else None
 
 
-def require_newest_complete_checkpoint(root) -> Path:
+def require_newest_complete_checkpoint(root: Union[str, os.PathLike]) -> Path:
     folder = newest_complete_checkpoint(root)
     if folder is None:
         present = [path.name for _, path in list_checkpoints(root)]
@@ -101,7 +104,7 @@ def require_newest_complete_checkpoint(root) -> Path:
     return folder
 
 
-def enforce_total_limit(root, total_limit: Optional[int], keep: Path) -> list[Path]:
+def enforce_total_limit(root: Union[str, os.PathLike], total_limit: Optional[int], keep: Path) -> list[Path]:
     """Delete the oldest checkpoints so that at most ``total_limit`` remain, never ``keep`` (the one just
     written); returns the deleted folders."""
     if total_limit is None:
@@ -119,7 +122,7 @@ def enforce_total_limit(root, total_limit: Optional[int], keep: Path) -> list[Pa
     return doomed
 
 
-def remove_stale_staging(root) -> None:
+def remove_stale_staging(root: Union[str, os.PathLike]) -> None:
     """Delete what killed saves left in ``root`` (unfinished staging folders, half-deleted checkpoints)."""
     root = Path(root)
     if not root.is_dir():

@@ -12,10 +12,15 @@ import os
 import pickle
 import re
 
+from typing import TYPE_CHECKING, Any, Union
+
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
 
 __all__ = ["SafeFileSystemReader", "SafeEmptyStateDictLoadPlanner", "SafeLoadPlanner", "UnsafeCheckpointError",
            "read_dcp_checkpoint"]
@@ -65,11 +70,12 @@ class _MetadataUnpickler(pickle.Unpickler):
 class SafeFileSystemReader(FileSystemReader):
     """``FileSystemReader`` whose ``.metadata`` may only hold DCP metadata (see the module docstring)."""
 
-    def __init__(self, path, *args, unsafe_hint: str = "weights_only=False", **kwargs):
+    def __init__(self, path: Union[str, os.PathLike], *args: Any, unsafe_hint: str = "weights_only=False",
+                 **kwargs: Any):
         super().__init__(path, *args, **kwargs)
         self._unsafe_hint = unsafe_hint
 
-    def read_metadata(self, *args, **kwargs):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         from torch.distributed.checkpoint.metadata import StorageMeta
 
         rank = kwargs.get("rank")
@@ -141,7 +147,8 @@ class SafeLoadPlanner(_PlainValuesOnly, DefaultLoadPlanner):
     non-tensor entries load with ``weights_only=True``."""
 
 
-def read_dcp_checkpoint(checkpoint_dir, *, weights_only: bool = True, unsafe_hint: str = "weights_only=False") -> dict:
+def read_dcp_checkpoint(checkpoint_dir: Union[str, os.PathLike], *, weights_only: bool = True,
+                        unsafe_hint: str = "weights_only=False") -> dict:
     """The whole state dict of the DCP checkpoint in ``checkpoint_dir``, read in this one process (CPU).
 
     With ``weights_only`` (the default) nothing beyond DCP metadata, tensors and plain values is unpickled; a file

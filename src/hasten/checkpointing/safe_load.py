@@ -21,17 +21,22 @@ from __future__ import annotations
 import datetime
 import decimal
 import fractions
+import os
 import pathlib
 import pickle
 import re
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
 from .errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafeCheckpointError
+from .serialization import MapLocation
 from .serialization import load as _torch_load
+
+if TYPE_CHECKING:
+    from ..core.aliases import Device
 
 __all__ = ["SAFE_TYPES", "load_pickle_file", "load_safetensors_file", "UNSAFE_OPT_IN"]
 
@@ -73,7 +78,8 @@ def _damaged(path: Path, what: str, error: Exception) -> CorruptCheckpointError:
     )
 
 
-def load_pickle_file(path, what: str, map_location=None, load_kwargs: Optional[dict] = None):
+def load_pickle_file(path: Union[str, os.PathLike], what: str,
+                     map_location: Optional[MapLocation] = None, load_kwargs: Optional[dict] = None) -> Any:
     """Load a ``torch.save`` file from a checkpoint, safely unless ``load_kwargs`` says ``weights_only=False``.
 
     ``what`` describes the file in error messages ("optimizer 0", "random states of process 1" ...).
@@ -100,7 +106,7 @@ def load_pickle_file(path, what: str, map_location=None, load_kwargs: Optional[d
         raise
 
 
-def load_safetensors_file(path, what: str, device="cpu") -> dict:
+def load_safetensors_file(path: Union[str, os.PathLike], what: str, device: Device = "cpu") -> dict[str, torch.Tensor]:
     """The tensors of a ``.safetensors`` file (memory-mapped, copied only when used)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file

@@ -17,7 +17,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 import torch
 from torch import nn
@@ -28,6 +28,9 @@ from .agreement import together
 from ..core.constants import MODEL_NAME, SAFE_MODEL_NAME
 from .model_files import drop_aliases
 from .writers import atomic_file, write_pickle, write_tensors
+
+if TYPE_CHECKING:
+    from .strategy_protocol import CheckpointingStrategy
 
 __all__ = ["save_model", "full_state_dict", "split_into_shards", "shard_names"]
 
@@ -96,7 +99,7 @@ def _owned_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone(memory_format=torch.contiguous_format)
 
 
-def full_state_dict(strategy, model: nn.Module) -> dict:
+def full_state_dict(strategy: CheckpointingStrategy, model: nn.Module) -> dict:
     """The model's whole state dict, as the strategy gathers it; for a model dispatched with CPU or disk
     offload (weights on meta, hooks holding the real ones), the real weights, brought in module by module."""
     from ..big_modeling.offloaded_state import get_state_dict_offloaded_model, has_offloaded_params
@@ -155,8 +158,9 @@ def _write(folder: Path, state: dict, max_shard_size: int, safe_serialization: b
     return names
 
 
-def save_model(strategy, model: nn.Module, save_directory, max_shard_size: Union[int, str] = "10GB",
-               safe_serialization: bool = True, save_on_each_node: bool = False) -> list[str]:
+def save_model(strategy: CheckpointingStrategy, model: nn.Module, save_directory: Union[str, os.PathLike],
+               max_shard_size: Union[int, str] = "10GB", safe_serialization: bool = True,
+               save_on_each_node: bool = False) -> list[str]:
     """Save ``model``'s weights to ``save_directory`` (see the module docstring); returns the weight files'
     names. The main process writes (each machine's main process with ``save_on_each_node``). Where the strategy
     holds the whole model on every process (``Strategy.saves_from_one_process``: one process, DDP) nothing waits for

@@ -15,6 +15,7 @@ import logging
 import os
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..core.versions import HASTEN_VERSION
 from ..state import PartialState
@@ -25,12 +26,18 @@ from .participation import settle_participation
 from .rotation import checkpoints_root, enforce_total_limit, next_automatic_folder, remove_stale_staging
 from .transaction import SaveTransaction
 
+if TYPE_CHECKING:
+    from ..config.project import ProjectConfiguration
+    from .strategy_protocol import CheckpointingStrategy
+    from .targets import CheckpointTargets
+
 __all__ = ["save_state", "resolve_save_folder"]
 
 logger = logging.getLogger(__name__)
 
 
-def resolve_save_folder(project_configuration, output_dir) -> tuple[Path, bool]:
+def resolve_save_folder(project_configuration: ProjectConfiguration,
+                        output_dir: Optional[Union[str, os.PathLike]]) -> tuple[Path, bool]:
     """``(folder, automatic)``: where this save goes and whether it is an automatically named one."""
     if project_configuration.automatic_checkpoint_naming:
         if output_dir is not None:
@@ -54,8 +61,9 @@ def resolve_save_folder(project_configuration, output_dir) -> tuple[Path, bool]:
     return folder, False
 
 
-def save_state(strategy, targets, project, output_dir=None, safe_serialization: bool = True, async_save: bool = False,
-               **save_model_func_kwargs) -> str:
+def save_state(strategy: CheckpointingStrategy, targets: CheckpointTargets, project: ProjectConfiguration,
+               output_dir: Optional[Union[str, os.PathLike]] = None, safe_serialization: bool = True,
+               async_save: bool = False, **save_model_func_kwargs: Any) -> str:
     """Save a run's whole training state; returns the checkpoint folder (see ``Accelerator.save_state``).
 
     ``strategy`` writes the state inside the staging folder, ``targets`` (a ``CheckpointTargets``) is what is saved,

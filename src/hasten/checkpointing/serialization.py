@@ -17,7 +17,7 @@ import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable, Iterator, Optional, Union
 
 import numpy as np
 import torch
@@ -31,6 +31,10 @@ logger = logging.getLogger(__name__)
 
 _SAFETENSORS_SUFFIX = ".safetensors"
 
+#: where ``torch.load`` puts what it reads: a device (a string, an index, a ``torch.device``), a dict mapping saved
+#: devices to others, or a function of (storage, saved location)
+MapLocation = Union[str, int, torch.device, dict, Callable[..., Any]]
+
 
 # ----------------------------------------------------------------------------- writing
 def _is_path(f) -> bool:
@@ -38,7 +42,7 @@ def _is_path(f) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path):
+def atomic_file(path: Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it replaces ``path``, on failure it is removed."""
     folder = path.parent
     if not folder.is_dir():
@@ -126,7 +130,8 @@ def _write(obj, target, safe_serialization: bool) -> None:
         torch.save(obj, target)
 
 
-def save(obj: Any, f, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+def save(obj: Any, f: Union[str, os.PathLike, IO[bytes]], save_on_each_node: bool = False,
+         safe_serialization: bool = False) -> None:
     """Save ``obj`` to ``f`` from one process only, atomically.
 
     Parameters:
@@ -182,7 +187,7 @@ def _load_safetensors(path, map_location, kwargs: dict):
     return load_file(str(path), device=device)
 
 
-def load(f, map_location=None, **kwargs):
+def load(f: Union[str, os.PathLike, IO[bytes]], map_location: Optional[MapLocation] = None, **kwargs: Any) -> Any:
     """Load what ``save`` (or ``torch.save`` / safetensors) wrote.
 
     ``.safetensors`` files are read with safetensors. Anything else goes to ``torch.load`` with

@@ -9,8 +9,9 @@ whole is not (no staging folder, no completion marker). Use ``Accelerator.save_s
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..state import PartialState
 from . import layout
@@ -22,6 +23,12 @@ from .safe_load import load_pickle_file
 from .serialization import save as _save_from_one_process
 from .targets import loader_state
 from .writers import atomic_file, write_pickle, write_tensors
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.distributed.checkpoint.stateful import Stateful
+    from torch.utils.data import DataLoader
 
 __all__ = ["save_accelerator_state", "load_accelerator_state", "save_custom_state", "load_custom_state"]
 
@@ -40,8 +47,10 @@ def _writes_shared_files(save_on_each_node: bool) -> bool:
     return state.is_local_main_process if save_on_each_node else state.is_main_process
 
 
-def save_accelerator_state(output_dir, model_states: list, optimizers: list, schedulers: list, dataloaders: list,
-                           process_index: int, step: int, scaler=None, save_on_each_node: bool = False,
+def save_accelerator_state(output_dir: Union[str, os.PathLike], model_states: list[dict],
+                           optimizers: list[torch.optim.Optimizer], schedulers: list[Stateful],
+                           dataloaders: list[DataLoader], process_index: int, step: int,
+                           scaler: Optional[torch.amp.GradScaler] = None, save_on_each_node: bool = False,
                            safe_serialization: bool = True) -> Path:
     """Write model state dicts, optimizer / scheduler / scaler states, data loader positions and random
     generators into ``output_dir`` (created if needed); returns it as a ``Path``.
@@ -76,9 +85,11 @@ def save_accelerator_state(output_dir, model_states: list, optimizers: list, sch
     return folder
 
 
-def load_accelerator_state(input_dir, models: list, optimizers: list, schedulers: list, dataloaders: list,
-                           process_index: int, scaler=None, map_location=None, load_kwargs: Optional[dict] = None,
-                           **load_model_func_kwargs) -> dict:
+def load_accelerator_state(input_dir: Union[str, os.PathLike], models: list[nn.Module],
+                           optimizers: list[torch.optim.Optimizer], schedulers: list[Stateful],
+                           dataloaders: list[DataLoader], process_index: int,
+                           scaler: Optional[torch.amp.GradScaler] = None, map_location: Optional[str] = None,
+                           load_kwargs: Optional[dict] = None, **load_model_func_kwargs: Any) -> dict[str, int]:
     """Load what ``save_accelerator_state`` (or ``Accelerator.save_state``, or the reference) wrote into the
     objects given; returns ``{"step": ...}``, the saved step, when the random states held one.
 
@@ -131,14 +142,16 @@ def load_accelerator_state(input_dir, models: list, optimizers: list, schedulers
     return overrides
 
 
-def save_custom_state(obj, path, index: int = 0, save_on_each_node: bool = False) -> None:
+def save_custom_state(obj: Stateful, path: Union[str, os.PathLike], index: int = 0,
+                      save_on_each_node: bool = False) -> None:
     """Save ``obj.state_dict()`` to ``{path}/custom_checkpoint_{index}.pkl`` (from the main process, atomically)."""
     location = Path(path) / FullStateFormat.custom_object_file(index)
     logger.info("Saving the state of %s to %s", type(obj).__qualname__, location)
     _save_from_one_process(obj.state_dict(), location, save_on_each_node=save_on_each_node)
 
 
-def load_custom_state(obj, path, index: int = 0, load_kwargs: Optional[dict] = None) -> None:
+def load_custom_state(obj: Stateful, path: Union[str, os.PathLike], index: int = 0,
+                      load_kwargs: Optional[dict] = None) -> None:
     """Load ``{path}/custom_checkpoint_{index}.pkl`` into ``obj.load_state_dict``.
 
     Read with ``weights_only=True`` (the reference always unpickles freely, which runs whatever code the file

@@ -7,16 +7,21 @@ Checkpointing never reads the Accelerator's private attributes: the Accelerator 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.stateful import Stateful
+    from torch.utils.data import DataLoader
 
 
 __all__ = ["CheckpointTargets", "check_registrable", "loader_state"]
 
 
-def loader_state(loader) -> Optional[Any]:
+def loader_state(loader: DataLoader) -> Optional[Any]:
     """What a checkpoint keeps of a data loader: hasten's full position (``resume_state_dict()``: epoch counter
     and generators included; a stateful loader's ``state_dict()`` is torchdata's alone), else the loader's
     ``state_dict()``, else None (a loader with no state)."""
@@ -48,7 +53,8 @@ class CheckpointTargets:
     load_hooks: list = field(default_factory=list)
     device: Optional[torch.device] = None
 
-    def run_save_hooks(self, weights: list, folder, unwrap: Callable) -> None:
+    def run_save_hooks(self, weights: list, folder: Union[str, os.PathLike],
+                       unwrap: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
         """The ``save_state`` pre-hooks, in order, given the models unwrapped by ``unwrap`` (the reference gives them
         so; diffusers' hooks call ``save_pretrained`` on them), ``weights`` (remove one to skip saving it) and the
         folder being written."""
@@ -56,7 +62,8 @@ class CheckpointTargets:
         for hook in list(self.save_hooks):
             hook(models, weights, str(folder))
 
-    def run_load_hooks(self, folder, unwrap: Callable) -> list:
+    def run_load_hooks(self, folder: Union[str, os.PathLike],
+                       unwrap: Callable[[torch.nn.Module], torch.nn.Module]) -> list[torch.nn.Module]:
         """The ``load_state`` pre-hooks, in order, given the unwrapped models; returns the prepared models still in
         the list afterwards (a hook removes a model to load it itself)."""
         unwrapped = [unwrap(model) for model in self.models]
@@ -65,7 +72,7 @@ class CheckpointTargets:
             hook(remaining, str(folder))
         return [model for model, plain in zip(self.models, unwrapped) if any(plain is kept for kept in remaining)]
 
-    def model_of(self, optimizer) -> Optional[torch.nn.Module]:
+    def model_of(self, optimizer: torch.optim.Optimizer) -> Optional[torch.nn.Module]:
         """The prepared model whose parameters ``optimizer`` trains (None when it trains none of them).
 
         Sharded backends need the model to produce or load an optimizer's state (``get_optimizer_state_dict``).
@@ -88,7 +95,7 @@ def _describe(obj) -> str:
     return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__qualname__
 
 
-def check_registrable(objects) -> list:
+def check_registrable(objects: Iterable[Any]) -> list[Stateful]:
     """``objects`` as a list, or ValueError naming every one that lacks ``state_dict`` / ``load_state_dict``."""
     invalid = []
     for position, obj in enumerate(objects):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from ..collectives.operations import broadcast_object_list
 from ..state import PartialState
@@ -27,6 +27,9 @@ from .errors import CheckpointError
 from .formats import is_checkpoint_file
 from .atomic import SaveLock
 
+if TYPE_CHECKING:
+    from ..collectives.process_view import ProcessView
+
 __all__ = ["SaveTransaction"]
 
 _OWNER_FILE = ".hasten_owner"
@@ -35,7 +38,7 @@ _OWNER_FILE = ".hasten_owner"
 class SaveTransaction:
     """Stages, writes and completes one checkpoint folder (see the module docstring)."""
 
-    def __init__(self, final: Path, save_on_each_node: bool = False, processes=None):
+    def __init__(self, final: Path, save_on_each_node: bool = False, processes: Optional[ProcessView] = None):
         self.final = Path(os.path.abspath(os.fspath(final)))
         self.staging = staging_folder(self.final)
         self.save_on_each_node = save_on_each_node

@@ -26,7 +26,7 @@ import shutil
 import struct
 import sys
 import threading
-from typing import Iterator, Mapping, Optional
+from typing import IO, Any, Iterator, Mapping, Optional, Union
 
 import torch
 
@@ -43,7 +43,7 @@ _SYNC_EVERY = 256 << 20  # bytes written between two background flushes
 class DurableFile:
     """A binary file for writing that is flushed to disk as it grows; ``close()`` returns once all of it is."""
 
-    def __init__(self, path, sync_every: int = _SYNC_EVERY, checksum: bool = False):
+    def __init__(self, path: Union[str, os.PathLike], sync_every: int = _SYNC_EVERY, checksum: bool = False):
         self._path = path
         self._checksum = checksum  # start its checksum in the background once closed (see checksums.py)
         self._file = open(path, "wb", buffering=0)
@@ -56,7 +56,7 @@ class DurableFile:
     def _put(self, view) -> int:
         return self._file.write(view)
 
-    def write(self, data) -> int:
+    def write(self, data: Union[bytes, bytearray, memoryview]) -> int:
         view = memoryview(data).cast("B")
         written = 0
         try:
@@ -120,7 +120,7 @@ def _without_zip_checksums():
         config.compute_crc32 = previous
 
 
-def write_failed(path, error: OSError) -> CheckpointWriteError:
+def write_failed(path: Union[str, os.PathLike], error: OSError) -> CheckpointWriteError:
     """The error for a file that could not be written: which file, why, and what to do."""
     path = os.fspath(path)
     code = getattr(error, "errno", None) or 0
@@ -140,7 +140,7 @@ def write_failed(path, error: OSError) -> CheckpointWriteError:
                                 f"The save was abandoned; the previous checkpoint is untouched. {advice}", code)
 
 
-def write_pickle(obj, path, checksum: bool = False) -> None:
+def write_pickle(obj: Any, path: Union[str, os.PathLike], checksum: bool = False) -> None:
     """``torch.save(obj, path)``, on disk when it returns (``checksum``: see ``DurableFile``)."""
     handle = None
     try:
@@ -153,7 +153,8 @@ def write_pickle(obj, path, checksum: bool = False) -> None:
         raise
 
 
-def write_tensors(tensors: dict, path, metadata=None, checksum: bool = False) -> None:
+def write_tensors(tensors: dict, path: Union[str, os.PathLike], metadata: Optional[dict] = None,
+                  checksum: bool = False) -> None:
     """A ``.safetensors`` file of ``tensors`` (no aliases: drop them first), on disk when it returns."""
     pieces = safetensors_pieces(tensors, metadata)
     try:
@@ -196,7 +197,8 @@ def _check(tensors: Mapping) -> None:
             raise TypeError(f"safetensors cannot store {name!r} of dtype {tensor.dtype}.")
 
 
-def safetensors_pieces(tensors: Mapping[str, torch.Tensor], metadata: Optional[dict] = None) -> Iterator:
+def safetensors_pieces(tensors: Mapping[str, torch.Tensor],
+                       metadata: Optional[dict] = None) -> Iterator[Union[bytes, memoryview]]:
     """The bytes of a safetensors file of ``tensors``, in order: the header, then each tensor's own memory.
     Bad input (a non-tensor, a sparse or meta tensor) raises here, before anything is produced."""
     _check(tensors)
@@ -227,7 +229,8 @@ def _pieces(tensors: Mapping[str, torch.Tensor], metadata: Optional[dict]) -> It
             yield _host_bytes(tensors[name]).numpy().data
 
 
-def write_safetensors(tensors: Mapping[str, torch.Tensor], path, metadata: Optional[dict] = None) -> None:
+def write_safetensors(tensors: Mapping[str, torch.Tensor], path: Union[str, os.PathLike, IO[bytes]],
+                      metadata: Optional[dict] = None) -> None:
     """Write ``tensors`` to ``path`` (a path or a binary file object) in the safetensors format. Tensors that
     share memory are written twice: drop aliases first if they should be stored once."""
     pieces = safetensors_pieces(tensors, metadata)

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import contextlib
+from typing import ContextManager, Iterator
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..config.enums import DistributedType
 from ..config.kwargs import DistributedDataParallelKwargs
 from .base import Strategy
 
@@ -14,14 +16,15 @@ class DDPStrategy(Strategy):
     """Every process holds the whole model; DDP averages gradients during ``backward``."""
 
     @property
-    def distributed_type(self):
+    def distributed_type(self) -> DistributedType:
         return self.processes.distributed_type
 
     @property
     def ddp_kwargs(self) -> DistributedDataParallelKwargs:
         return self.handlers.get(DistributedDataParallelKwargs) or DistributedDataParallelKwargs()
 
-    def prepare_model(self, model: nn.Module, device_placement: bool = True, evaluation_mode: bool = False):
+    def prepare_model(self, model: nn.Module, device_placement: bool = True,
+                      evaluation_mode: bool = False) -> nn.Module:
         model = super().prepare_model(model, device_placement, evaluation_mode)
         if evaluation_mode or isinstance(model, DistributedDataParallel):
             return model
@@ -35,13 +38,13 @@ class DDPStrategy(Strategy):
         handler.register_comm_hook(wrapped)
         return wrapped
 
-    def no_sync(self, model: nn.Module):
+    def no_sync(self, model: nn.Module) -> ContextManager:
         if isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: nn.Module):
+    def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
         if not isinstance(model, DistributedDataParallel):
             yield
             return

@@ -9,7 +9,7 @@ way it was asked for: nothing silently falls back to DDP. A new backend replaces
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, TYPE_CHECKING
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
 from ..config.enums import DistributedType
 from ..core.planned import not_yet_supported
@@ -18,6 +18,8 @@ from .ddp import DDPStrategy
 from .single import SingleDeviceStrategy
 
 if TYPE_CHECKING:
+    from ..config.accelerator_settings import AcceleratorSettings
+    from ..parallel import ParallelDims
     from ..state import PartialState
 
 __all__ = ["select_strategy", "requested_backend"]
@@ -125,7 +127,8 @@ _BACKENDS = (
     _Backend("tensor parallelism", "torch_tp_plugin", None, _tensor_parallel),
 )
 
-def requested_backend(plugins: dict, settings=None) -> Optional[tuple]:
+def requested_backend(plugins: dict[str, Any],
+                      settings: Optional[AcceleratorSettings] = None) -> Optional[tuple[_Backend, str]]:
     """``(backend, how it was asked for)`` for the first backend a plugin argument or the launcher (``settings``'
     ``launcher_switches``) selects, else None."""
     from ..core.env_aliases import setting_variables
@@ -163,7 +166,8 @@ def _needed_by_layout(dims) -> Optional[tuple]:
     return wants[0] if wants else None
 
 
-def select_strategy(processes, settings=None, dims=None, **plugins) -> Strategy:
+def select_strategy(processes: PartialState, settings: Optional[AcceleratorSettings] = None,
+                    dims: Optional[ParallelDims] = None, **plugins: Any) -> Strategy:
     """The strategy for this run, from the plugins given, the launcher's environment and the layout ``dims``
     (a ``ParallelDims``), else from the process state (one device, or DDP). ``settings``: the run's
     ``AcceleratorSettings`` (precision, kwargs handlers), handed to the strategy."""

@@ -37,9 +37,17 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
 from ...config.deepspeed import config_node, fill_auto
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from ...config.deepspeed import DeepSpeedPlugin
+    from .wrappers import DummyOptim
 
 __all__ = ["resolved_config", "check_plugin_config", "hidden_size_of", "micro_batch_size"]
 
@@ -118,7 +126,7 @@ def _hidden_size_for_auto_buckets(config: dict, model) -> Optional[int]:
     return hidden
 
 
-def hidden_size_of(model) -> Optional[int]:
+def hidden_size_of(model: nn.Module) -> Optional[int]:
     """The model's hidden size from its ``config`` (transformers' convention), or None."""
     config = getattr(model, "config", None)
     if config is None:
@@ -129,7 +137,8 @@ def hidden_size_of(model) -> Optional[int]:
     return int(size) if size is not None else None
 
 
-def micro_batch_size(loaders, data_parallel_size: int, is_train_batch_min: bool) -> Optional[int]:
+def micro_batch_size(loaders: Iterable[DataLoader], data_parallel_size: int,
+                     is_train_batch_min: bool) -> Optional[int]:
     """The batch size each data-parallel rank takes per step, from the prepared loaders (None without any)."""
     sizes = []
     for loader in loaders:
@@ -186,8 +195,10 @@ def write_back_filled_values(plugin_config: dict, resolved: dict) -> None:
             plugin_config[key] = resolved[key]
 
 
-def resolved_config(plugin, *, model=None, optimizer=None, scheduler=None, loaders=(), accumulation_steps: int = 1,
-                    data_parallel_size: int = 1, mixed_precision: str = "no", device_type: str = "cpu",
+def resolved_config(plugin: DeepSpeedPlugin, *, model: Optional[nn.Module] = None,
+                    optimizer: Optional[Union[torch.optim.Optimizer, DummyOptim]] = None, scheduler: Any = None,
+                    loaders: Iterable[DataLoader] = (), accumulation_steps: int = 1, data_parallel_size: int = 1,
+                    mixed_precision: str = "no", device_type: str = "cpu",
                     loader_processes: Optional[int] = None) -> dict:
     """A copy of ``plugin``'s config with every ``"auto"`` filled (see the module's table). A value the config sets
     differently from the run is kept and named in one warning; batch sizes that do not multiply out raise."""

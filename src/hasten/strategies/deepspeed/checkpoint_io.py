@@ -22,17 +22,32 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Protocol, Union
 
 from ...checkpointing.checkpoint_io import Snapshot, take_snapshot, write_full_state
 from ...checkpointing.errors import IncompleteCheckpointError
 from ...checkpointing.full_state_reader import LoadedState, apply_full_state, read_full_state
 from ...checkpointing.targets import CheckpointTargets
 from ...checkpointing.deepspeed_files import DeepSpeedCheckpointFormat, check_trusted
+from ...checkpointing.strategy_protocol import CheckpointingStrategy
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from torch import nn
+    from torch.distributed import ProcessGroup
+
+    from ...core.aliases import Device
 
 __all__ = ["DeepSpeedCheckpointIO", "engine_tag"]
 
 engine_tag = DeepSpeedCheckpointFormat.folder_name  # the folder engine ``index`` writes its checkpoint to
+
+
+class _EngineStrategy(CheckpointingStrategy, Protocol):
+    """The strategy this IO serves (``DeepSpeedStrategy``, which imports this module): it knows each model's engine."""
+
+    def engine_of(self, model: Optional[nn.Module] = None) -> DeepSpeedEngine: ...
+
 
 @dataclass
 class EngineSnapshot(Snapshot):
@@ -67,7 +82,8 @@ class DeepSpeedCheckpointIO(DeepSpeedCheckpointFormat):
     whole), written and read by the engines themselves; the rest in full files."""
 
     # ------------------------------------------------------------ saving
-    def collect(self, strategy, targets: CheckpointTargets, options: Optional[dict] = None):
+    def collect(self, strategy: _EngineStrategy, targets: CheckpointTargets,
+                options: Optional[dict] = None) -> EngineSnapshot:
         """The non-engine state in memory, the engines to write and ``options`` for ``engine.save_checkpoint``
         (``exclude_frozen_parameters``)."""
         snapshot = take_snapshot(strategy, dataclasses.replace(targets, models=[], optimizers=[]))
@@ -75,8 +91,8 @@ class DeepSpeedCheckpointIO(DeepSpeedCheckpointFormat):
         return EngineSnapshot(**{f.name: getattr(snapshot, f.name) for f in dataclasses.fields(Snapshot)},
                               engines=engines, options=dict(options or {}))
 
-    def write(self, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
-              safe_serialization: bool = True, process_group=None) -> None:
+    def write(self, staging: Path, collected: EngineSnapshot, *, writes_shared_files: bool, process_index: int,
+              safe_serialization: bool = True, process_group: Optional[ProcessGroup] = None) -> None:
         for index, engine in enumerate(collected.engines):  # collective: every rank writes its partitions
             engine.save_checkpoint(str(staging), tag=engine_tag(index), client_state={}, save_latest=index == 0,
                                    **collected.options)
@@ -85,8 +101,9 @@ class DeepSpeedCheckpointIO(DeepSpeedCheckpointFormat):
                          safe_serialization=safe_serialization)
 
     # ------------------------------------------------------------ loading
-    def read(self, strategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets, *,
-             load_kwargs: Optional[dict] = None, device="cpu", strict: bool = True):
+    def read(self, strategy: _EngineStrategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets, *,
+             load_kwargs: Optional[dict] = None, device: Device = "cpu",
+             strict: bool = True) -> Union[LoadedState, EngineLoadedState]:
         folder = Path(folder)
         if not any(self.model_location(folder, i) is not None for i in range(len(targets.models))):
             return read_full_state(strategy, folder, marker, targets, load_kwargs, device, strict)  # another strategy's
@@ -126,7 +143,8 @@ class DeepSpeedCheckpointIO(DeepSpeedCheckpointFormat):
             optimizer_state = by_position(named, live_names, optimizer_state["param_groups"])
         return _EngineLoad(engine, folder, tag, optimizer, weights, optimizer_state)
 
-    def apply(self, strategy, loaded, targets: CheckpointTargets, strict: bool = True) -> None:
+    def apply(self, strategy: _EngineStrategy, loaded: Union[LoadedState, EngineLoadedState],
+              targets: CheckpointTargets, strict: bool = True) -> None:
         from .engine_state import load_full_state
 
         if isinstance(loaded, LoadedState):

@@ -14,17 +14,20 @@ Every function is collective under ZeRO: every rank calls it.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from ...big_modeling.module_tensors import get_non_persistent_buffers
 
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
 __all__ = ["full_optimizer_state", "load_full_state", "engine_kind", "full_model_state", "expected_model_state",
            "undo_warmup_step"]
 
 
-def engine_kind(engine) -> str:
+def engine_kind(engine: DeepSpeedEngine) -> str:
     """"zero3", "fragments" (ZeRO 1/2 or DeepSpeed's bf16 optimizer: fp32 master in flat partitions), "torch"
     (stage 0 in fp32: the client's torch optimizer itself) or "none" (an engine without an optimizer)."""
     if engine.zero_optimization_stage() == 3:
@@ -47,7 +50,7 @@ def _per_group_names(names: list) -> list:
     return [name for group in names for name in group]
 
 
-def full_model_state(engine, fp32: bool = False) -> dict:
+def full_model_state(engine: DeepSpeedEngine, fp32: bool = False) -> dict:
     """The module's state dict with every parameter whole, on the CPU, on every rank (ZeRO-3 gathers).
     ``fp32``: the optimizer's master weights instead of the module's (16-bit) ones where they differ."""
     import deepspeed
@@ -74,7 +77,7 @@ def full_model_state(engine, fp32: bool = False) -> dict:
     return state
 
 
-def expected_model_state(engine) -> dict:
+def expected_model_state(engine: DeepSpeedEngine) -> dict:
     """Every name of the module's state dict with a tensor of its full shape (ZeRO-3 parameters are empty
     placeholders in the module: their full shape is ``ds_shape``)."""
     module = engine.module
@@ -96,7 +99,7 @@ def _module_parameters(engine, names: list) -> list:
     return [named[name] for name in names]
 
 
-def full_optimizer_state(engine, names: list) -> dict:
+def full_optimizer_state(engine: DeepSpeedEngine, names: list[list[str]]) -> dict:
     """The optimizer's state as torch's ``state_dict()`` lays it out: ``{"state": {position: {...}},
     "param_groups": [...]}``; ``names``: the parameters' names per group, in the order the optimizer had them."""
     from deepspeed.utils import safe_get_full_optimizer_state
@@ -141,8 +144,8 @@ def _state_keys(base) -> tuple:
     return keys, scalars
 
 
-def load_full_state(engine, model_state: Optional[dict], optimizer_state: Optional[dict], names: list,
-                    strict: bool = True) -> None:
+def load_full_state(engine: DeepSpeedEngine, model_state: Optional[dict], optimizer_state: Optional[dict],
+                    names: list[list[str]], strict: bool = True) -> None:
     """Put a full model state (module names) and a full optimizer state (torch's layout, positions in ``names``
     order) into ``engine``: master weights, module weights, moments and step counts."""
     import deepspeed
@@ -212,7 +215,7 @@ def _unfused_masters(engine) -> dict:
             if id(param) in masters}
 
 
-def undo_warmup_step(engine, originals: dict) -> None:
+def undo_warmup_step(engine: DeepSpeedEngine, originals: dict[str, torch.Tensor]) -> None:
     """DeepSpeed's unfused 16-bit optimizer (stage 0) takes one optimizer step on zero gradients when it is built,
     which decays the weights and counts a step PyTorch never took: put the weights as given back and clear the
     optimizer's state, so training starts where the same optimizer in plain PyTorch would."""

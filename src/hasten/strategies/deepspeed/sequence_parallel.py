@@ -27,9 +27,18 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Optional
+from types import ModuleType
+from typing import TYPE_CHECKING, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+    from torch import nn
+    from torch.distributed import ProcessGroup
+    from torch.utils.data import DataLoader
+
+    from ...parallel import ParallelDims
 
 __all__ = ["SequenceParallel", "sequence_parallel_loss", "MIN_DEEPSPEED"]
 
@@ -52,7 +61,7 @@ class SequenceParallel:
     mpu: object = None  # DeepSpeed's parallel_state_sp, once registered
 
     @classmethod
-    def from_layout(cls, dims) -> Optional["SequenceParallel"]:
+    def from_layout(cls, dims: Optional[ParallelDims]) -> Optional[SequenceParallel]:
         """The settings of ``dims`` (a ``ParallelDims``) when it asks for sequence parallelism, else None; what
         cannot work is refused here, before DeepSpeed makes any group."""
         if dims is None or dims.sp == 1:
@@ -82,7 +91,7 @@ class SequenceParallel:
                    attn_implementation=handler.sp_attn_implementation)
 
     # ------------------------------------------------------------ before the groups exist
-    def check_model(self, model) -> str:
+    def check_model(self, model: nn.Module) -> str:
         """Refuse a model Ulysses cannot split; returns the attention implementation to wrap."""
         config = getattr(model, "config", None)
         if config is None or not hasattr(config, "get_text_config"):
@@ -143,7 +152,7 @@ class SequenceParallel:
         return 1.0 if (config.get("zero_optimization", {}) or {}).get("stage", 0) == 3 else 1.0 / self.size
 
     # ------------------------------------------------------------ the groups and the attention wrapper
-    def register(self, model, micro_batch_size: int):
+    def register(self, model: nn.Module, micro_batch_size: int) -> ModuleType:
         """DeepSpeed's ``mpu`` with the model's attention wrapped (once per process; a later call with the same
         settings reuses it)."""
         attention = self.check_model(model)
@@ -169,14 +178,14 @@ class SequenceParallel:
         return self.mpu
 
     @property
-    def group(self):
+    def group(self) -> ProcessGroup:
         """The sequence-parallel process group of this rank (after the first model was prepared)."""
         if self.mpu is None:
             raise ValueError("The sequence-parallel groups exist once a model is prepared: call accelerator.prepare("
                              "model, optimizer, loader) first.")
         return self.mpu.get_sequence_parallel_group()
 
-    def adapt(self, loader, device):
+    def adapt(self, loader: DataLoader, device: torch.device) -> UlyssesSPDataLoaderAdapter:
         """``loader`` (sharded over every process) fed to the group through DeepSpeed's adapter."""
         group = self.group
         return _adapter_class()(loader, sp_rank=self.mpu.get_sequence_parallel_rank(), sp_group=group,
@@ -218,7 +227,8 @@ def _adapter_class():
     return _ADAPTER[0]
 
 
-def sequence_parallel_loss(loss: torch.Tensor, shift_labels: torch.Tensor, group, ignore_index: int = -100):
+def sequence_parallel_loss(loss: torch.Tensor, shift_labels: torch.Tensor, group: Optional[ProcessGroup],
+                           ignore_index: int = -100) -> torch.Tensor:
     """The loss of the whole sequence from each rank's mean loss over its shard: the ranks' losses weighted by
     their counted tokens (``shift_labels != ignore_index``), gathered differentiably over ``group``; a rank with no
     counted token adds nothing."""

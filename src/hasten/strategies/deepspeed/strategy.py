@@ -21,7 +21,8 @@ import functools
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Optional, TYPE_CHECKING
+from typing import (Any, Callable, ContextManager, Iterable, NoReturn, Optional, Sequence, TYPE_CHECKING, TypeVar,
+                    Union, cast)
 
 import torch
 from torch import nn
@@ -33,12 +34,21 @@ from ...precision.engine import EnginePrecision
 from ..base import Strategy
 
 if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from torch.utils.data import DataLoader
+
+    from ...collectives.process_view import ProcessView
+    from ...config.accelerator_settings import AcceleratorSettings
     from ...config.deepspeed import DeepSpeedPlugin
+    from ...parallel import ParallelDims
     from ...state import PartialState
+    from .wrappers import DeepSpeedSchedulerWrapper
 
 __all__ = ["DeepSpeedStrategy", "deepspeed_required"]
 
 logger = get_logger(__name__)
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
 
 
 @dataclass
@@ -62,11 +72,13 @@ class DeepSpeedStrategy(Strategy):
     saves_from_one_process = False  # the engines write their partitions collectively
     supports_async_save = False
 
-    def trains_prepared_parameters(self, optimizer, models) -> bool:
+    def trains_prepared_parameters(self, optimizer: torch.optim.Optimizer, models: Sequence[nn.Module]) -> bool:
         return False  # an engine is built from its model and optimizer together
     save_options_accepted = ("exclude_frozen_parameters",)  # engine.save_checkpoint's
 
-    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None):
+    def __init__(self, processes: PartialState, settings: Optional[AcceleratorSettings] = None,
+                 dims: Optional[ParallelDims] = None,
+                 plugin: Optional[Union[DeepSpeedPlugin, dict[str, DeepSpeedPlugin]]] = None):
         from ...config.accelerator_settings import AcceleratorSettings
         from ...config.deepspeed import DeepSpeedPlugin
         from .auto_config import check_plugin_config
@@ -105,7 +117,7 @@ class DeepSpeedStrategy(Strategy):
         self.checkpoint_io = DeepSpeedCheckpointIO()
 
     # ------------------------------------------------------------ precision and set-up
-    def create_precision(self):
+    def create_precision(self) -> EnginePrecision:
         from ...config.fp8 import AORecipeKwargs
 
         return EnginePrecision(self.settings.mixed_precision, self.processes.device,
@@ -146,7 +158,8 @@ class DeepSpeedStrategy(Strategy):
         return self._selected
 
     # ------------------------------------------------------------ preparation
-    def check_prepare(self, models, optimizers, schedulers) -> None:
+    def check_prepare(self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
+                      schedulers: Sequence[Any]) -> None:
         """Refuse, before anything is built, what one engine cannot take."""
         from .wrappers import DummyOptim, DummyScheduler
 
@@ -186,8 +199,11 @@ class DeepSpeedStrategy(Strategy):
                              "would step a placeholder. Use hasten.utils.DummyScheduler(optimizer, ...), with "
                              "lr_scheduler_callable=... for a schedule of your own.")
 
-    def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
-                         data_loaders=(), schedulers=(), accumulation_steps: int = 1):
+    def prepare_training(self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
+                         device_placement: Sequence[bool], evaluation_mode: bool = False,
+                         compile_model: Optional[Callable[[nn.Module], nn.Module]] = None,
+                         data_loaders: Sequence[DataLoader] = (), schedulers: Sequence[Any] = (),
+                         accumulation_steps: int = 1) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
         from .auto_config import resolved_config, write_back_filled_values
         from .wrappers import DummyOptim, DummyScheduler
 
@@ -253,7 +269,8 @@ class DeepSpeedStrategy(Strategy):
                                                                  client_optimizer=record.client_optimizer))
         return [engine], prepared_optimizers
 
-    def engine_scheduler_for(self, scheduler, optimizers):
+    def engine_scheduler_for(self, scheduler: Any,
+                             optimizers: Sequence[torch.optim.Optimizer]) -> Optional[DeepSpeedSchedulerWrapper]:
         """A ``DummyScheduler`` stands for the scheduler the engine built (from the config, or with its
         ``lr_scheduler_callable``) and steps itself: that one, wrapped so that ``step()`` leaves it to the engine."""
         from .wrappers import DeepSpeedSchedulerWrapper, DummyScheduler
@@ -303,10 +320,10 @@ class DeepSpeedStrategy(Strategy):
         """DeepSpeed's data-parallel size: the processes over the sequence-parallel size."""
         return self.layout.dp_size if self.sequence_parallel is not None else self.data_parallel_size
 
-    def data_processes(self):
+    def data_processes(self) -> Optional[ProcessView]:
         return None if self.sequence_parallel is not None else super().data_processes()  # gathers: every process
 
-    def sequence_parallel_loader(self, loader, model=None):
+    def sequence_parallel_loader(self, loader: DataLoader, model: Optional[nn.Module] = None) -> Iterable[Any]:
         """``loader`` through DeepSpeed's ``UlyssesSPDataLoaderAdapter`` under sequence parallelism."""
         if self.sequence_parallel is None:
             return loader
@@ -320,12 +337,12 @@ class DeepSpeedStrategy(Strategy):
         raise ValueError("This model was not prepared by this Accelerator's DeepSpeed strategy: pass it to "
                          "accelerator.prepare() first.")
 
-    def first_engine(self, models):
+    def first_engine(self, models: Sequence[nn.Module]) -> Optional[DeepSpeedEngine]:
         """The first of ``models`` that is one of the engines built here (``Accelerator.deepspeed_engine_wrapped``)."""
         built = {id(record.engine) for record in self._engines}
         return next((model for model in models if id(model) in built), None)
 
-    def engine_of(self, model=None):
+    def engine_of(self, model: Optional[nn.Module] = None) -> DeepSpeedEngine:
         """The engine of ``model`` (a prepared engine or the module inside it); without a model, the one engine
         that trains (has an optimizer)."""
         if model is not None:
@@ -341,7 +358,7 @@ class DeepSpeedStrategy(Strategy):
                          "model=engine) or by calling backward on the engine.")
 
     @property
-    def engines(self) -> list:
+    def engines(self) -> list[DeepSpeedEngine]:
         return [record.engine for record in self._engines]
 
     def forget(self) -> None:
@@ -349,8 +366,9 @@ class DeepSpeedStrategy(Strategy):
         self._engines.clear()
 
     # ------------------------------------------------------------ the training step
-    def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, sync_gradients=True,
-                 **kwargs) -> None:
+    def backward(self, loss: torch.Tensor, model: Optional[nn.Module] = None, *, accumulation_steps: int = 1,
+                 num_items_in_batch: Optional[Union[int, torch.Tensor]] = None, sync_gradients: bool = True,
+                 **kwargs: Any) -> None:
         engine_model = kwargs.pop("model", None) or model
         record = self._record(engine_model) if engine_model is not None else self._record(self.engine_of())
         engine = record.engine
@@ -366,7 +384,7 @@ class DeepSpeedStrategy(Strategy):
         engine.backward(loss, scale_wrt_gas=False, **kwargs)
         record.stepped = False
 
-    def step(self, engine) -> None:
+    def step(self, engine: DeepSpeedEngine) -> None:
         """The engine's optimizer step for the current accumulation cycle, once."""
         record = self._record(engine)
         if record.stepped:
@@ -374,14 +392,16 @@ class DeepSpeedStrategy(Strategy):
         record.engine.step()
         record.stepped = True
 
-    def no_sync(self, model):
+    def no_sync(self, model: nn.Module) -> ContextManager:
         """The boundary given to the engine before each backward decides when it reduces gradients."""
         return contextlib.nullcontext()
 
-    def unscale_gradients(self, optimizers) -> None:
+    def unscale_gradients(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """The engine unscales fp16 gradients inside its step."""
 
-    def clip_grad_norm_(self, parameters, max_norm, norm_type=2, *, models=(), optimizers=()):
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2, *,
+                        models: Sequence[nn.Module] = (),
+                        optimizers: Sequence[torch.optim.Optimizer] = ()) -> Optional[float]:
         """Take the engine's step with ``max_norm`` as its clipping value; returns the gradients' global norm as a
         Python number (as the reference returns DeepSpeed's), or None when the engine computed none."""
         if float(norm_type) != 2.0:
@@ -423,16 +443,18 @@ class DeepSpeedStrategy(Strategy):
                 return record.engine
         return self.engine_of()
 
-    def clip_grad_value_(self, parameters, clip_value, *, models=(), optimizers=()):
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float, *,
+                         models: Sequence[nn.Module] = (),
+                         optimizers: Sequence[torch.optim.Optimizer] = ()) -> NoReturn:
         raise NotImplementedError("DeepSpeed clips by the global norm only: use accelerator.clip_grad_norm_(..., "
                                   "max_norm) (or gradient_clipping in the DeepSpeed config).")
 
     # ------------------------------------------------------------ state dicts
-    def unwrap(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
+    def unwrap(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
         return super().unwrap(getattr(model, "module", model) if _is_engine(model) else model,
                               keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
 
-    def model_state_dict(self, model, full: bool = True) -> dict:
+    def model_state_dict(self, model: nn.Module, full: bool = True) -> dict:
         """The module's weights (16-bit under bf16/fp16, as the engine holds them); ZeRO-3 gathers them."""
         from .engine_state import full_model_state
 
@@ -440,42 +462,43 @@ class DeepSpeedStrategy(Strategy):
             return super().model_state_dict(model, full)
         return full_model_state(model)
 
-    def master_model_state_dict(self, model) -> dict:
+    def master_model_state_dict(self, model: DeepSpeedEngine) -> dict:
         """The fp32 master weights (what the optimizer updates), whole, on every rank."""
         from .engine_state import full_model_state
 
         return full_model_state(model, fp32=True)
 
-    def load_model_state_dict(self, model, state_dict, strict=True):
+    def load_model_state_dict(self, model: nn.Module, state_dict: dict, strict: bool = True) -> Optional[tuple]:
         from .engine_state import load_full_state
 
         if not _is_engine(model):
             return super().load_model_state_dict(model, state_dict, strict)
         load_full_state(model, state_dict, None, [], strict=strict)
 
-    def expected_state_dict(self, model, keep_vars=False) -> dict:
+    def expected_state_dict(self, model: nn.Module, keep_vars: bool = False) -> dict:
         from .engine_state import expected_model_state
 
         if not _is_engine(model):
             return super().expected_state_dict(model, keep_vars)
         return expected_model_state(model)
 
-    def optimizer_state_dict(self, model, optimizer) -> dict:
+    def optimizer_state_dict(self, model: Optional[nn.Module], optimizer: torch.optim.Optimizer) -> dict:
         from .engine_state import full_optimizer_state
 
         engine = _wrapped_engine(optimizer)
         return full_optimizer_state(engine, self._record(engine).names)
 
-    def load_optimizer_state_dict(self, model, optimizer, state_dict) -> None:
+    def load_optimizer_state_dict(self, model: Optional[nn.Module], optimizer: torch.optim.Optimizer,
+                                  state_dict: dict) -> None:
         from .engine_state import load_full_state
 
         engine = _wrapped_engine(optimizer)
         load_full_state(engine, None, state_dict, self._record(engine).names)
 
-    def optimizer_parameter_names(self, model, optimizer) -> list:
+    def optimizer_parameter_names(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
         return self._record(_wrapped_engine(optimizer)).names
 
-    def optimizer_group_sizes(self, model, optimizer) -> list:
+    def optimizer_group_sizes(self, model: Optional[nn.Module], optimizer: torch.optim.Optimizer) -> list[int]:
         return [len(group) for group in self.optimizer_parameter_names(model, optimizer)]
 
     def __repr__(self) -> str:
@@ -521,11 +544,11 @@ def _single_process_environment() -> None:
         os.environ.setdefault(key, value)
 
 
-def deepspeed_required(func):
+def deepspeed_required(func: _Function) -> _Function:
     """Decorator: ``func`` raises ValueError when an Accelerator exists that is not configured for DeepSpeed."""
 
     @functools.wraps(func)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         from ...state import AcceleratorState
 
         state = AcceleratorState.current()
@@ -536,4 +559,4 @@ def deepspeed_required(func):
             )
         return func(*args, **kwargs)
 
-    return wrapper
+    return cast(_Function, wrapper)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Protocol, Union
 
 import torch
 
@@ -25,9 +25,54 @@ from ...checkpointing.sharded_files import ShardedFormat
 from ...core.planned import not_yet_supported
 from ...parallel import ParallelDims
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ...config.fsdp import FullyShardedDataParallelPlugin
+    from ..base import Strategy
+
 __all__ = ["save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
            "fsdp2_load_full_state_dict", "fsdp2_switch_optimizer_parameters", "fsdp2_apply_ac",
            "fsdp2_prepare_model"]
+
+
+class _RunningAccelerator(Protocol):
+    """What these functions ask of the ``Accelerator`` (a room above this one: named by what it does, not imported)."""
+
+    @property
+    def strategy(self) -> Strategy: ...
+
+    @property
+    def is_main_process(self) -> bool: ...
+
+    def wait_for_everyone(self) -> None: ...
+
+
+class _PluginState(Protocol):
+    """The ``state`` of an ``Accelerator``: the run's FSDP plugin."""
+
+    @property
+    def fsdp_plugin(self) -> Optional[FullyShardedDataParallelPlugin]: ...
+
+
+class _AccelerateLike(Protocol):
+    """What ``fsdp2_prepare_model`` reads of an ``Accelerator`` (hasten's, or any object that looks like Accelerate's):
+    its state's plugin and the run's mesh, precision and device."""
+
+    @property
+    def state(self) -> _PluginState: ...
+
+    @property
+    def torch_device_mesh(self) -> Optional[DeviceMesh]: ...
+
+    @property
+    def mixed_precision(self) -> str: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def is_main_process(self) -> bool: ...
 
 
 def _strategy(accelerator, what: str):
@@ -74,7 +119,9 @@ def _load_shards(state: dict, folder: Path) -> None:
     load_shards(state, folder, allow_partial=False)
 
 
-def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True):
+def save_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: _RunningAccelerator,
+                    model: torch.nn.Module, output_dir: Union[str, os.PathLike], model_index: int = 0,
+                    adapter_only: bool = False, use_dcp: bool = True) -> None:
     """Save ``model``'s weights to ``output_dir`` (collective: call it on every process)."""
     import torch.distributed.checkpoint as dcp
 
@@ -92,7 +139,9 @@ def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0, 
     accelerator.wait_for_everyone()
 
 
-def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index=0, adapter_only=False, use_dcp=True):
+def load_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: _RunningAccelerator,
+                    model: torch.nn.Module, input_dir: Union[str, os.PathLike], model_index: int = 0,
+                    adapter_only: bool = False, use_dcp: bool = True) -> None:
     """Load weights ``save_fsdp_model`` saved (collective)."""
     from .sharded_io import empty_like
 
@@ -112,7 +161,9 @@ def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index=0, a
     accelerator.wait_for_everyone()
 
 
-def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True):
+def save_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: _RunningAccelerator,
+                        optimizer: torch.optim.Optimizer, model: torch.nn.Module, output_dir: Union[str, os.PathLike],
+                        optimizer_index: int = 0, use_dcp: bool = True) -> None:
     """Save ``optimizer``'s state (which trains ``model``) to ``output_dir`` (collective)."""
     import torch.distributed.checkpoint as dcp
 
@@ -132,8 +183,9 @@ def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, 
     accelerator.wait_for_everyone()
 
 
-def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index=0, adapter_only=False,
-                        use_dcp=True):
+def load_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: _RunningAccelerator,
+                        optimizer: torch.optim.Optimizer, model: torch.nn.Module, input_dir: Union[str, os.PathLike],
+                        optimizer_index: int = 0, adapter_only: bool = False, use_dcp: bool = True) -> None:
     """Load an optimizer state ``save_fsdp_optimizer`` saved (collective)."""
     from ...checkpointing.optimizer_names import by_position
     from .sharded_io import empty_like
@@ -154,7 +206,8 @@ def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, o
     accelerator.wait_for_everyone()
 
 
-def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False):
+def fsdp2_load_full_state_dict(accelerator: _RunningAccelerator, model: torch.nn.Module, full_sd: dict,
+                               cpu_offload: bool = False) -> torch.nn.Module:
     """Give an FSDP2-sharded ``model`` the full state dict ``full_sd`` of the main process (the others may pass
     an empty dict): each rank receives its shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -166,7 +219,7 @@ def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dic
     return model
 
 
-def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping: dict):
+def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping: dict[int, torch.Tensor]) -> None:
     """Point ``optimizer`` at new parameters: ``mapping`` maps an old parameter's ``data_ptr()`` to its new one."""
     for group in optimizer.param_groups:
         try:
@@ -177,7 +230,7 @@ def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping:
                            "on, before sharding it.") from None
 
 
-def fsdp2_apply_ac(accelerator, model: torch.nn.Module):
+def fsdp2_apply_ac(accelerator: _RunningAccelerator, model: torch.nn.Module) -> torch.nn.Module:
     """Activation checkpointing on the plugin's wrap units (or the model's children), in place; returns ``model``."""
     from .wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
 
@@ -187,7 +240,7 @@ def fsdp2_apply_ac(accelerator, model: torch.nn.Module):
     return model
 
 
-def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
+def fsdp2_prepare_model(accelerator: _AccelerateLike, model: torch.nn.Module) -> torch.nn.Module:
     """Shard ``model`` in place as ``prepare()`` does (units, then the root); returns it.
 
     ``accelerator`` is a hasten Accelerator running FSDP2, or any object that looks like one: then its

@@ -13,7 +13,7 @@ buffer is broadcast from rank 0 (``torch.distributed.utils._sync_module_states``
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 
 from torch import nn
 
@@ -21,6 +21,11 @@ from .fsdp2 import FSDP2Strategy
 from .wrapping import apply_activation_checkpointing, ignored_submodules, wrap_policy, wrap_units
 
 if TYPE_CHECKING:
+    import torch
+
+    from ...config.accelerator_settings import AcceleratorSettings
+    from ...config.fsdp import FullyShardedDataParallelPlugin
+    from ...parallel import ParallelDims
     from ...state import PartialState
 
 __all__ = ["FSDP1Strategy"]
@@ -31,7 +36,8 @@ class FSDP1Strategy(FSDP2Strategy):
 
     fsdp_version = 1
 
-    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None):
+    def __init__(self, processes: PartialState, settings: Optional[AcceleratorSettings] = None,
+                 dims: Optional[ParallelDims] = None, plugin: Optional[FullyShardedDataParallelPlugin] = None):
         offload = getattr(getattr(plugin, "cpu_offload", None), "offload_params", False)
         if offload and processes.device.type == "cpu":
             raise ValueError(
@@ -106,11 +112,13 @@ class FSDP1Strategy(FSDP2Strategy):
             optimizer.param_groups[0]["params"] = flat
 
     @contextlib.contextmanager
-    def no_sync(self, model: nn.Module):
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
         with model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext():
             yield
 
-    def clip_grad_norm_(self, parameters, max_norm, norm_type=2, *, models=(), optimizers=()):
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2, *,
+                        models: Sequence[nn.Module] = (),
+                        optimizers: Sequence[torch.optim.Optimizer] = ()) -> torch.Tensor:
         """FSDP1's own clipping (the norm of every rank's shards) when one model is prepared."""
         from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -119,7 +127,7 @@ class FSDP1Strategy(FSDP2Strategy):
             return wrapped[0].clip_grad_norm_(max_norm, norm_type)
         return super().clip_grad_norm_(parameters, max_norm, norm_type, models=models, optimizers=optimizers)
 
-    def unwrap(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
+    def unwrap(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         while isinstance(model, FullyShardedDataParallel):
@@ -150,7 +158,7 @@ class FSDP1Strategy(FSDP2Strategy):
             state = self._state_dict_module(model).state_dict()
         return {key: value.detach().clone() for key, value in state.items()} if self.processes.is_main_process else {}
 
-    def optimizer_state_dict(self, model, optimizer) -> dict:
+    def optimizer_state_dict(self, model: Optional[nn.Module], optimizer: torch.optim.Optimizer) -> dict:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
         from ...checkpointing.optimizer_names import by_position

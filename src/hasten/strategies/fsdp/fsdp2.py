@@ -12,7 +12,7 @@ other strategy, so they load across strategies and numbers of processes.
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager, Optional, Sequence, TYPE_CHECKING
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,6 +25,11 @@ from .save_pretrained import gather_in_save_pretrained
 from .wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ...config.accelerator_settings import AcceleratorSettings
+    from ...config.fsdp import FullyShardedDataParallelPlugin
+    from ...parallel import ParallelDims
     from ...state import PartialState
 
 __all__ = ["FSDP2Strategy"]
@@ -38,7 +43,8 @@ class FSDP2Strategy(Strategy):
     saves_from_one_process = False  # every rank holds shards
     fsdp_version = 2
 
-    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None):
+    def __init__(self, processes: PartialState, settings: Optional[AcceleratorSettings] = None,
+                 dims: Optional[ParallelDims] = None, plugin: Optional[FullyShardedDataParallelPlugin] = None):
         from ...config.fsdp import FullyShardedDataParallelPlugin
 
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin(fsdp_version=2)
@@ -90,8 +96,10 @@ class FSDP2Strategy(Strategy):
             limit_heap_retention()
 
     # ------------------------------------------------------------ preparation
-    def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
-                         **context):
+    def prepare_training(self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
+                         device_placement: Sequence[bool], evaluation_mode: bool = False,
+                         compile_model: Optional[Callable[[nn.Module], nn.Module]] = None,
+                         **context: Any) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
         originals = {}  # id(original parameter) -> its name, to re-point the optimizers afterwards
         prepared = []
         for model, place in zip(models, device_placement):
@@ -135,7 +143,7 @@ class FSDP2Strategy(Strategy):
 
     # ------------------------------------------------------------ the training step
     @contextlib.contextmanager
-    def no_sync(self, model: nn.Module):
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
         sharded = self.unwrap(model)
         if not hasattr(sharded, "set_requires_gradient_sync"):
             yield
@@ -146,7 +154,9 @@ class FSDP2Strategy(Strategy):
         finally:
             sharded.set_requires_gradient_sync(True)
 
-    def clip_grad_norm_(self, parameters, max_norm, norm_type=2, *, models=(), optimizers=()):
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2, *,
+                        models: Sequence[nn.Module] = (),
+                        optimizers: Sequence[torch.optim.Optimizer] = ()) -> torch.Tensor:
         """The total norm of the gradients (sharded ones reduced over their mesh; those of ignored modules are
         local), the same on every rank; then every gradient is scaled by one factor."""
         groups, total = self.total_grad_norm(parameters, norm_type)
@@ -156,7 +166,8 @@ class FSDP2Strategy(Strategy):
             torch.nn.utils.clip_grads_with_norm_(members, max_norm, total)
         return total
 
-    def total_grad_norm(self, parameters, norm_type=2) -> tuple:
+    def total_grad_norm(self, parameters: Iterable[torch.Tensor], norm_type: float = 2,
+                        ) -> tuple[dict[Optional[DeviceMesh], list[torch.Tensor]], Optional[torch.Tensor]]:
         """``(parameters by the mesh of their gradient, the total norm)``; the norm is None without gradients."""
         from torch.distributed.tensor import DTensor
 
@@ -183,13 +194,13 @@ class FSDP2Strategy(Strategy):
         """The module torch's state-dict API is given (FSDP2: the user's module, sharded in place)."""
         return self.unwrap(model)
 
-    def optimizer_parameter_names(self, model: nn.Module, optimizer) -> list:
+    def optimizer_parameter_names(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
         """The names of ``optimizer``'s parameters per group, in the order it was given them (before sharding)."""
         inner = getattr(optimizer, "optimizer", optimizer)
         return self._optimizer_names.get(id(inner)) or parameter_names(self.unwrap(model), inner)
 
 
-    def optimizer_group_sizes(self, model, optimizer) -> list:
+    def optimizer_group_sizes(self, model: Optional[nn.Module], optimizer: torch.optim.Optimizer) -> list[int]:
         return [len(group) for group in self.optimizer_parameter_names(_required(model, optimizer), optimizer)]
 
     def model_state_dict(self, model: nn.Module, full: bool = True) -> dict:
@@ -205,7 +216,7 @@ class FSDP2Strategy(Strategy):
 
         return get_model_state_dict(self._state_dict_module(model), options=StateDictOptions(full_state_dict=False))
 
-    def sharded_optimizer_state_dict(self, model: Optional[nn.Module], optimizer) -> dict:
+    def sharded_optimizer_state_dict(self, model: Optional[nn.Module], optimizer: torch.optim.Optimizer) -> dict:
         """This rank's shards of the optimizer's state, keyed by parameter name."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -213,7 +224,7 @@ class FSDP2Strategy(Strategy):
                                         getattr(optimizer, "optimizer", optimizer),
                                         options=StateDictOptions(full_state_dict=False))
 
-    def load_model_state_dict(self, model: nn.Module, state_dict: dict, strict: bool = True):
+    def load_model_state_dict(self, model: nn.Module, state_dict: dict, strict: bool = True) -> Optional[tuple]:
         """A full state dict (plain tensors) or this rank's shards (from a sharded checkpoint)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -221,7 +232,7 @@ class FSDP2Strategy(Strategy):
         return set_model_state_dict(self._state_dict_module(model), state_dict,
                                     options=StateDictOptions(full_state_dict=not sharded, strict=strict))
 
-    def optimizer_state_dict(self, model: Optional[nn.Module], optimizer) -> dict:
+    def optimizer_state_dict(self, model: Optional[nn.Module], optimizer: torch.optim.Optimizer) -> dict:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         inner = getattr(optimizer, "optimizer", optimizer)
@@ -229,7 +240,8 @@ class FSDP2Strategy(Strategy):
         named = get_optimizer_state_dict(module, inner, options=self._options(cpu_offload=True))
         return by_position(named, self.optimizer_parameter_names(model, inner), inner.param_groups)
 
-    def load_optimizer_state_dict(self, model: Optional[nn.Module], optimizer, state_dict: dict) -> None:
+    def load_optimizer_state_dict(self, model: Optional[nn.Module], optimizer: torch.optim.Optimizer,
+                                  state_dict: dict) -> None:
         """A full state laid out by position (full files), or this rank's part keyed by name (sharded files: shards,
         or whole tensors where FSDP1 on one process does not shard)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -279,8 +291,10 @@ def _sharded_layout(dims, world_size: int):
     return dims
 
 
-def shard_in_units(model: nn.Module, plugin, *, mesh, mixed_precision: Optional[str], device: torch.device,
-                   is_main_process: bool, checkpoint_units: bool = False, broadcast_weights=None) -> nn.Module:
+def shard_in_units(model: nn.Module, plugin: FullyShardedDataParallelPlugin, *, mesh: Optional[DeviceMesh],
+                   mixed_precision: Optional[str], device: torch.device, is_main_process: bool,
+                   checkpoint_units: bool = False,
+                   broadcast_weights: Optional[Callable[[nn.Module, dict, torch.device], None]] = None) -> nn.Module:
     """Shard ``model`` in place as ``prepare()`` does and return it: the plugin's wrap units (activation checkpointing
     of each first, with ``checkpoint_units`` and the plugin's ``activation_checkpointing``), ``fully_shard`` on
     each over ``mesh``, then the root (``shard_with_plugin``). A model already sharded is returned as it is.

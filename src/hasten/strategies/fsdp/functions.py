@@ -13,7 +13,7 @@ import shutil
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 
@@ -32,6 +32,12 @@ from .checkpoint_files import (
     save_fsdp_optimizer,
 )
 
+if TYPE_CHECKING:
+    from torch.amp.grad_scaler import GradScaler
+
+    from ...config.fsdp import FullyShardedDataParallelPlugin
+    from ...core.aliases import Device
+
 __all__ = [
     "enable_fsdp_ram_efficient_loading", "disable_fsdp_ram_efficient_loading", "save_fsdp_model", "load_fsdp_model",
     "save_fsdp_optimizer", "load_fsdp_optimizer", "merge_fsdp_weights", "ensure_weights_retied",
@@ -44,14 +50,14 @@ logger = get_logger(__name__)
 
 # Transformers reads these two variables (``transformers.modeling_utils.is_fsdp_enabled``) to load weights on the
 # first process only; their names are Transformers', not hasten's.
-def enable_fsdp_ram_efficient_loading():
+def enable_fsdp_ram_efficient_loading() -> None:
     """Let Transformers load a pretrained model's weights on the first process only (the others get empty ones)."""
     if "ACCELERATE_USE_FSDP" not in os.environ:
         os.environ["ACCELERATE_USE_FSDP"] = "True"
     os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "True"
 
 
-def disable_fsdp_ram_efficient_loading():
+def disable_fsdp_ram_efficient_loading() -> None:
     """Undo ``enable_fsdp_ram_efficient_loading``: every process loads the weights."""
     os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "False"
 
@@ -75,7 +81,7 @@ def _distributed_checkpoint_to_merged_weights(checkpoint_dir, save_path, safe_se
 
 
 def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization: bool = True,
-                       remove_checkpoint_dir: bool = False, *, weights_only: bool = True):
+                       remove_checkpoint_dir: bool = False, *, weights_only: bool = True) -> None:
     """Merge a sharded FSDP checkpoint (``SHARDED_STATE_DICT``, written with ``torch.distributed.checkpoint``) into
     ``output_path/model.safetensors`` (or ``pytorch_model.bin`` without ``safe_serialization``). CPU only; the main
     process writes, the others wait.
@@ -104,7 +110,8 @@ def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization
     state.wait_for_everyone()
 
 
-def ensure_weights_retied(param_init_fn, model: torch.nn.Module, device: torch.device):
+def ensure_weights_retied(param_init_fn: Callable[[torch.nn.Module], torch.nn.Module], model: torch.nn.Module,
+                          device: torch.device) -> Callable[[torch.nn.Module], torch.nn.Module]:
     """``param_init_fn`` made to keep the model's tied weights (``model._tied_weights_keys``) tied after it runs.
 
     Returned unchanged when the model declares no tied weights.
@@ -117,7 +124,7 @@ def ensure_weights_retied(param_init_fn, model: torch.nn.Module, device: torch.d
         module_name, _, param_name = name.rpartition(".")
         tied_params[id(getattr(model.get_submodule(module_name), param_name))] = None
 
-    def param_init_fn_tied_param(module: torch.nn.Module):
+    def param_init_fn_tied_param(module: torch.nn.Module) -> torch.nn.Module:
         to_tie = defaultdict(list)
         for name, param in module.named_parameters(recurse=False):
             if id(param) in tied_params:
@@ -134,7 +141,8 @@ def ensure_weights_retied(param_init_fn, model: torch.nn.Module, device: torch.d
     return param_init_fn_tied_param
 
 
-def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin, model: torch.nn.Module) -> Callable[[torch.nn.Module], bool] | None:
+def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin: FullyShardedDataParallelPlugin,
+                                   model: torch.nn.Module) -> Optional[Callable[[torch.nn.Module], bool]]:
     """The plugin's FSDP1-style wrap policy as an FSDP2 predicate ``module -> bool`` (None when it wraps nothing).
 
     Transformer-based: modules of the classes named in ``transformer_cls_names_to_wrap`` (default: the model's
@@ -166,7 +174,7 @@ def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin, model: torch.nn.Module) -> Call
     return None
 
 
-def get_fsdp2_grad_scaler(**kwargs):
+def get_fsdp2_grad_scaler(**kwargs: Any) -> GradScaler:
     """A ``torch.amp.GradScaler`` built with ``kwargs``."""
     from torch.amp.grad_scaler import GradScaler
 
@@ -183,8 +191,8 @@ def fsdp2_canonicalize_names(named_params: dict) -> dict:
     return canonical
 
 
-def get_parameters_from_modules(modules: Union[Iterable[torch.nn.Module], str], model, device
-                                ) -> set[torch.nn.Parameter]:
+def get_parameters_from_modules(modules: Optional[Union[Iterable[torch.nn.Module], str]], model: torch.nn.Module,
+                                device: Device) -> set[torch.nn.Parameter]:
     """The parameters of ``modules`` (modules, or a regex matched in full against ``model``'s module names, which
     are then moved to ``device``)."""
     if modules is None:

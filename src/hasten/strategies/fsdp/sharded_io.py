@@ -14,23 +14,39 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 
-from ...checkpointing.checkpoint_io import take_snapshot, write_full_state
+from ...checkpointing.checkpoint_io import Snapshot, take_snapshot, write_full_state
 from ...checkpointing.errors import CheckpointError, IncompleteCheckpointError
-from ...checkpointing.full_state_reader import apply_full_state, read_full_state
+from ...checkpointing.full_state_reader import LoadedState, apply_full_state, read_full_state
 from ...checkpointing.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 from ...checkpointing.safe_load import UNSAFE_OPT_IN
 from ...checkpointing.sharded_files import ShardedFormat
+from ...checkpointing.strategy_protocol import CheckpointingStrategy
 from ...checkpointing.targets import CheckpointTargets
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed import ProcessGroup
+
+    from ...core.aliases import Device, NestedData
 
 __all__ = ["ShardedCheckpointIO", "empty_like",
            "check_against_metadata", "load_shards"]
 
 
-def empty_like(state):
+class _ShardingStrategy(CheckpointingStrategy, Protocol):
+    """The strategy this IO serves (``FSDP2Strategy`` / ``FSDP1Strategy``, which import this module): it gives each
+    rank's shards of the states."""
+
+    def sharded_model_state_dict(self, model: nn.Module) -> dict: ...
+
+    def sharded_optimizer_state_dict(self, model: Optional[nn.Module], optimizer: torch.optim.Optimizer) -> dict: ...
+
+
+def empty_like(state: NestedData) -> NestedData:
     """A structure like ``state`` with fresh (uninitialised) tensors for DCP to load into."""
     if isinstance(state, torch.Tensor):
         return torch.empty_like(state)
@@ -72,13 +88,14 @@ class ShardedCheckpointIO:
     """Checkpoint IO for sharded strategies (FSDP ``SHARDED_STATE_DICT``): DCP folders per model and optimizer."""
 
     # ------------------------------------------------------------ saving
-    def collect(self, strategy, targets: CheckpointTargets, options: Optional[dict] = None):
+    def collect(self, strategy: _ShardingStrategy, targets: CheckpointTargets,
+                options: Optional[dict] = None) -> Snapshot:
         """Every state, the models' and optimizers' as this rank's shards (no gathering)."""
         return take_snapshot(strategy, targets, model_state=strategy.sharded_model_state_dict,
                              optimizer_state=strategy.sharded_optimizer_state_dict)
 
-    def write(self, staging: Path, collected, *, writes_shared_files: bool, process_index: int,
-              safe_serialization: bool = True, process_group=None) -> None:
+    def write(self, staging: Path, collected: Snapshot, *, writes_shared_files: bool, process_index: int,
+              safe_serialization: bool = True, process_group: Optional[ProcessGroup] = None) -> None:
         import torch.distributed.checkpoint as dcp
 
         for index, state in enumerate(collected.weights):
@@ -92,8 +109,8 @@ class ShardedCheckpointIO:
                          safe_serialization=safe_serialization)
 
     # ------------------------------------------------------------ loading
-    def read(self, strategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets, *,
-             load_kwargs: Optional[dict] = None, device="cpu", strict: bool = True):
+    def read(self, strategy: _ShardingStrategy, folder: Path, marker: Optional[dict], targets: CheckpointTargets, *,
+             load_kwargs: Optional[dict] = None, device: Device = "cpu", strict: bool = True) -> LoadedState:
         if not (folder / ShardedFormat.model_folder(0)).is_dir() and targets.models:
             return read_full_state(strategy, folder, marker, targets, load_kwargs, device, strict)  # full files
         weights_only = bool((load_kwargs or {}).get("weights_only", True))  # False: a trusted checkpoint
@@ -125,7 +142,8 @@ class ShardedCheckpointIO:
                 "saved with the same prepared objects.")
         return path
 
-    def apply(self, strategy, loaded, targets: CheckpointTargets, strict: bool = True) -> None:
+    def apply(self, strategy: _ShardingStrategy, loaded: LoadedState, targets: CheckpointTargets,
+              strict: bool = True) -> None:
         apply_full_state(strategy, loaded, targets, strict)
 
 

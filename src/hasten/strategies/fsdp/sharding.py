@@ -8,12 +8,18 @@ keeps its dtypes, and a 4-bit (bitsandbytes ``Params4bit``) model is never cast:
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import torch
 from torch import nn
 
 from .wrapping import ignored_parameters
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import OffloadPolicy
+
+    from ...config.fsdp import FullyShardedDataParallelPlugin
 
 __all__ = ["shard_with_plugin", "shard_options", "upcast_mixed_master_weights", "offload_policy"]
 
@@ -33,7 +39,7 @@ def upcast_mixed_master_weights(model: nn.Module, mixed_precision: Optional[str]
     return True
 
 
-def offload_policy(plugin):
+def offload_policy(plugin: FullyShardedDataParallelPlugin) -> OffloadPolicy:
     """The plugin's FSDP2 offload policy (pinned memory only where a GPU can pin it)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
@@ -45,7 +51,7 @@ def offload_policy(plugin):
     return policy
 
 
-def shard_options(plugin, mesh) -> dict:
+def shard_options(plugin: FullyShardedDataParallelPlugin, mesh: Optional[DeviceMesh]) -> dict[str, Any]:
     """``fully_shard``'s keywords from the plugin: the mesh, resharding, mixed precision and offload."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -53,8 +59,10 @@ def shard_options(plugin, mesh) -> dict:
                 mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(), offload_policy=offload_policy(plugin))
 
 
-def shard_with_plugin(model: nn.Module, plugin, units: Iterable[nn.Module], *, mesh, mixed_precision: Optional[str],
-                      device: torch.device, is_main_process: bool, broadcast_weights=None) -> nn.Module:
+def shard_with_plugin(model: nn.Module, plugin: FullyShardedDataParallelPlugin, units: Iterable[nn.Module], *,
+                      mesh: Optional[DeviceMesh], mixed_precision: Optional[str], device: torch.device,
+                      is_main_process: bool,
+                      broadcast_weights: Optional[Callable[[nn.Module, dict, torch.device], None]] = None) -> nn.Module:
     """``fully_shard`` each of ``units`` (children first) and then ``model``, with the plugin's resharding, precision,
     offload and ignored modules; ``cpu_ram_efficient_loading``: only the main process's weights are kept, and
     ``broadcast_weights(model, full_state, device)`` hands the others their shards."""

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 from torch import nn
 
 from ...checkpointing.optimizer_names import clean_name
+
+if TYPE_CHECKING:
+    from ...config.fsdp import FullyShardedDataParallelPlugin
 
 __all__ = ["wrap_policy", "wrap_units", "ignored_parameters", "apply_activation_checkpointing", "clean_name"]
 
@@ -22,7 +25,7 @@ def _class_names(model: nn.Module) -> list[str]:
     return sorted({type(module).__name__ for module in model.modules()})
 
 
-def wrap_policy(model: nn.Module, plugin) -> Optional[Callable[[nn.Module, int], bool]]:
+def wrap_policy(model: nn.Module, plugin: FullyShardedDataParallelPlugin) -> Optional[Callable[[nn.Module, int], bool]]:
     """``decide(module, unwrapped_numel) -> bool`` for ``plugin.auto_wrap_policy`` on ``model``; None: no units."""
     from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
@@ -75,13 +78,15 @@ def wrap_units(model: nn.Module, decide: Optional[Callable[[nn.Module, int], boo
     return units
 
 
-def ignored_parameters(model: nn.Module, ignored_modules) -> set:
+def ignored_parameters(model: nn.Module,
+                       ignored_modules: Optional[Union[str, Iterable[nn.Module]]]) -> set[nn.Parameter]:
     """The parameters FSDP must leave alone: those of ``ignored_modules`` (modules, or a regular expression
     fullmatched against submodule names)."""
     return {param for module in ignored_submodules(model, ignored_modules) for param in module.parameters()}
 
 
-def ignored_submodules(model: nn.Module, ignored_modules) -> list:
+def ignored_submodules(model: nn.Module,
+                       ignored_modules: Optional[Union[str, Iterable[nn.Module]]]) -> list[nn.Module]:
     """The modules ``ignored_modules`` names: the modules themselves, or those whose names a regular expression
     fullmatches (a pattern matching none is refused, showing what the names look like)."""
     if ignored_modules is None:

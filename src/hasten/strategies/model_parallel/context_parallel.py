@@ -22,9 +22,12 @@ attention dropout. The loss of each rank is the mean over its slice; FSDP2 avera
 from __future__ import annotations
 
 import contextlib
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["context_parallel_block", "shard_buffers"]
 
@@ -56,7 +59,7 @@ def _check_buffers(buffers, seq_dims, no_restore, cp_size: int) -> None:
 
 @torch.no_grad()
 def shard_buffers(buffers: Sequence[torch.Tensor], seq_dims: Sequence[int], cp_size: int, cp_rank: int,
-                  no_restore=()) -> list:
+                  no_restore: Sequence[torch.Tensor] = ()) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
     """Keep this rank's contiguous slice of each buffer, in place; returns ``[(buffer, original or None)]`` for
     ``restore_buffers``."""
     saved = []
@@ -112,8 +115,9 @@ class _SequenceShardedAttention(torch.overrides.TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def context_parallel_block(mesh, buffers: Optional[list], buffer_seq_dims: Optional[list],
-                           no_restore_buffers: Optional[set] = None, comm_strategy: str = "allgather"):
+def context_parallel_block(mesh: DeviceMesh, buffers: Optional[Sequence[torch.Tensor]],
+                           buffer_seq_dims: Optional[Sequence[int]], no_restore_buffers: Optional[set] = None,
+                           comm_strategy: str = "allgather") -> Iterator[None]:
     """The block of a context-parallel step over the 1-D ``cp`` ``mesh`` (see the module doc)."""
     buffers, seq_dims = list(buffers or []), list(buffer_seq_dims or [])
     no_restore = list(no_restore_buffers or [])

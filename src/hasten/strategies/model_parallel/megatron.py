@@ -20,7 +20,7 @@ Fields that only Megatron-LM itself can honour are refused by ``megatron_mapping
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional, Union
 
 from torch import nn
 
@@ -30,6 +30,12 @@ from .megatron_mapping import check_torch_native, megatron_layout
 from .strategy import ModelParallelStrategy
 
 if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from ...config.accelerator_settings import AcceleratorSettings
+    from ...config.megatron import MegatronLMPlugin
+    from ...parallel import ParallelDims
     from ...state import PartialState
 
 __all__ = ["MegatronLMStrategy", "MegatronLMSingleDeviceStrategy", "megatron_strategy", "transformer_blocks"]
@@ -77,7 +83,7 @@ class _MegatronOptions:
             optimizer.register_step_pre_hook(clip)
         return optimizer
 
-    def note_data_loader(self, data_loader) -> None:
+    def note_data_loader(self, data_loader: DataLoader) -> None:
         """The first loader's batch size gives the plugin's ``micro_batch_size`` / ``global_batch_size`` (as
         Accelerate's ``set_training_args``; scripts read ``global_batch_size``). Under a pipeline the loader's
         batch is cut into ``num_micro_batches``."""
@@ -104,7 +110,8 @@ class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
 
     needs_model_parallel_layout = False  # tp_degree = pp_degree = 1 is Megatron's plain data parallelism
 
-    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None):
+    def __init__(self, processes: PartialState, settings: Optional[AcceleratorSettings] = None,
+                 dims: Optional[ParallelDims] = None, plugin: Optional[MegatronLMPlugin] = None):
         from ...config.fsdp import FullyShardedDataParallelPlugin
         from ...parallel.config import TorchPipelineParallelConfig
 
@@ -119,7 +126,7 @@ class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
                          tp_plan=getattr(getattr(config, "tp_handler", None), "tp_plan", None), pp_config=pp_config)
 
     @property
-    def distributed_type(self):
+    def distributed_type(self) -> DistributedType:
         return DistributedType.MEGATRON_LM
 
     def setup(self) -> None:
@@ -139,7 +146,7 @@ class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
     def _after_tensor_parallel(self, module) -> None:
         self._recompute(module)
 
-    def prepare_optimizer(self, optimizer):
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return self._clip_before_each_step(super().prepare_optimizer(optimizer))
 
     def __repr__(self) -> str:
@@ -151,7 +158,8 @@ class MegatronLMStrategy(_MegatronOptions, ModelParallelStrategy):
 class MegatronLMSingleDeviceStrategy(_MegatronOptions, SingleDeviceStrategy):
     """A ``MegatronLMPlugin`` on one process (tp_degree = pp_degree = 1): recomputation and clipping only."""
 
-    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None):
+    def __init__(self, processes: PartialState, settings: Optional[AcceleratorSettings] = None,
+                 dims: Optional[ParallelDims] = None, plugin: Optional[MegatronLMPlugin] = None):
         megatron_layout(plugin, 1, dims)  # tp or pp > 1 on one process: the error says how many to launch
         self.megatron_plugin = plugin
         super().__init__(processes, settings, dims)
@@ -162,16 +170,19 @@ class MegatronLMSingleDeviceStrategy(_MegatronOptions, SingleDeviceStrategy):
         super().setup()
         self._record(1)
 
-    def prepare_model(self, model, device_placement=True, evaluation_mode=False):
+    def prepare_model(self, model: nn.Module, device_placement: bool = True,
+                      evaluation_mode: bool = False) -> nn.Module:
         model = super().prepare_model(model, device_placement, evaluation_mode)
         self._recompute(model)
         return model
 
-    def prepare_optimizer(self, optimizer):
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return self._clip_before_each_step(super().prepare_optimizer(optimizer))
 
 
-def megatron_strategy(processes, settings=None, dims=None, plugin=None):
+def megatron_strategy(processes: PartialState, settings: Optional[AcceleratorSettings] = None,
+                      dims: Optional[ParallelDims] = None, plugin: Optional[MegatronLMPlugin] = None,
+                      ) -> Union[MegatronLMStrategy, MegatronLMSingleDeviceStrategy]:
     """The strategy for a ``MegatronLMPlugin`` (None: one read from the launcher's environment), after checking
     that the torch-native engine honours every field it sets."""
     from ...config.megatron import MegatronLMPlugin

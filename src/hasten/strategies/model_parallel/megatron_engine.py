@@ -10,7 +10,9 @@ and work too. Everything that needs Megatron raises ``NotYetSupportedError``. me
 """
 from __future__ import annotations
 
+import os
 from abc import ABC
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Sequence, Union
 
 import torch
 
@@ -18,6 +20,12 @@ from ...core.planned import not_yet_supported
 from ...optimizer import AcceleratedOptimizer
 from ...scheduler import AcceleratedScheduler
 from .megatron_scheduler import MegatronParamScheduler
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from ...core.aliases import Device, NestedData
+    from ...core.planned import NotYetSupportedError
 
 __all__ = [
     "model_provider_func", "prepare_model_optimizer_scheduler", "MegatronLMDummyDataLoader", "prepare_data_loader",
@@ -28,58 +36,60 @@ __all__ = [
 ]
 
 _MEANWHILE = "train with DDP (several processes) or on a single device"
+# ``accelerator`` below: the Accelerator (a room above this one, never read by these placeholders)
 
 
-def _megatron(what: str):
+def _megatron(what: str) -> NotYetSupportedError:
     return not_yet_supported(f"Megatron-LM ({what})", _MEANWHILE)
 
 
-def model_provider_func(pre_process=True, post_process=True, add_encoder=True, add_decoder=True):
+def model_provider_func(pre_process: bool = True, post_process: bool = True, add_encoder: bool = True,
+                        add_decoder: bool = True) -> NoReturn:
     raise _megatron("model_provider_func")
 
 
-def prepare_model_optimizer_scheduler(accelerator):
+def prepare_model_optimizer_scheduler(accelerator: Any) -> NoReturn:
     raise _megatron("prepare_model_optimizer_scheduler")
 
 
 class MegatronLMDummyDataLoader:
     """Stands for a Megatron indexed dataset given to ``prepare``; ``dataset_kwargs`` are Megatron data arguments."""
 
-    def __init__(self, **dataset_kwargs):
+    def __init__(self, **dataset_kwargs: Any):
         self.dataset_args = dict(dataset_kwargs, megatron_dataset_flag=True)
 
-    def set_megatron_data_args(self):
+    def set_megatron_data_args(self) -> NoReturn:
         raise _megatron("MegatronLMDummyDataLoader.set_megatron_data_args")
 
-    def get_train_valid_test_datasets_provider(self, accelerator):
+    def get_train_valid_test_datasets_provider(self, accelerator: Any) -> NoReturn:
         raise _megatron("MegatronLMDummyDataLoader.get_train_valid_test_datasets_provider")
 
-    def build_train_valid_test_data_iterators(self, accelerator):
+    def build_train_valid_test_data_iterators(self, accelerator: Any) -> NoReturn:
         raise _megatron("MegatronLMDummyDataLoader.build_train_valid_test_data_iterators")
 
 
-def prepare_data_loader(accelerator, dataloader):
+def prepare_data_loader(accelerator: Any, dataloader: Union[DataLoader, MegatronLMDummyDataLoader]) -> NoReturn:
     raise _megatron("prepare_data_loader")
 
 
 class MegatronLMOptimizerWrapper(AcceleratedOptimizer):
     """An optimizer Megatron steps inside the model's forward (planned)."""
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer: torch.optim.Optimizer):
         raise _megatron("MegatronLMOptimizerWrapper")
 
-    def zero_grad(self, set_to_none=None):
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         pass  # Megatron zeroes the gradients itself
 
-    def step(self):
+    def step(self) -> None:
         pass  # Megatron steps inside the model's forward
 
     @property
-    def step_was_skipped(self):
+    def step_was_skipped(self) -> bool:
         return self.optimizer.skipped_iter
 
 
-def prepare_optimizer(accelerator, model):
+def prepare_optimizer(accelerator: Any, model: torch.nn.Module) -> NoReturn:
     raise _megatron("prepare_optimizer")
 
 
@@ -91,7 +101,7 @@ _SCHEDULE_OPTIONS = frozenset((
 _PARAM_GROUP_OPTIONS = {"lr_mult": 1.0, "no_wd_decay_cond": None, "scale_lr_cond": None}
 
 
-def _dummy_scheduler_options(total_num_steps, warmup_num_steps, kwargs: dict) -> dict:
+def _dummy_scheduler_options(total_num_steps: Optional[int], warmup_num_steps: int, kwargs: dict) -> dict:
     """Accelerate's ``total_num_steps`` / ``warmup_num_steps`` and Megatron's names -> the scheduler's options."""
     unknown = sorted(set(kwargs) - _SCHEDULE_OPTIONS - set(_PARAM_GROUP_OPTIONS))
     if unknown:
@@ -132,7 +142,8 @@ class MegatronLMDummyScheduler(MegatronParamScheduler):
     ``ValueError`` here, before the optimizer is touched.
     """
 
-    def __init__(self, optimizer, total_num_steps=None, warmup_num_steps=0, **kwargs):
+    def __init__(self, optimizer: torch.optim.Optimizer, total_num_steps: Optional[int] = None,
+                 warmup_num_steps: int = 0, **kwargs: Any):
         options = _dummy_scheduler_options(total_num_steps, warmup_num_steps, kwargs)
         self.total_num_steps = total_num_steps
         self.warmup_num_steps = warmup_num_steps
@@ -140,7 +151,9 @@ class MegatronLMDummyScheduler(MegatronParamScheduler):
         super().__init__(optimizer, **options)
 
 
-def megatron_param_groups(model: torch.nn.Module, weight_decay: float, no_wd_decay_cond=None, scale_lr_cond=None,
+def megatron_param_groups(model: torch.nn.Module, weight_decay: float,
+                          no_wd_decay_cond: Optional[Callable[[str, torch.nn.Parameter], bool]] = None,
+                          scale_lr_cond: Optional[Callable[[str, torch.nn.Parameter], bool]] = None,
                           lr_mult: float = 1.0) -> list[dict]:
     """Megatron's param groups for ``model``'s trainable parameters, to build any torch optimizer on.
 
@@ -173,146 +186,147 @@ def megatron_param_groups(model: torch.nn.Module, weight_decay: float, no_wd_dec
 class MegatronLMSchedulerWrapper(AcceleratedScheduler):
     """A scheduler Megatron steps itself (planned)."""
 
-    def __init__(self, scheduler, optimizers):
+    def __init__(self, scheduler: Any, optimizers: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]]):
         raise _megatron("MegatronLMSchedulerWrapper")
 
-    def step(self, *args, **kwargs):
+    def step(self, *args: Any, **kwargs: Any) -> None:
         return  # Megatron steps the scheduler inside the model's forward
 
 
-def prepare_scheduler(accelerator, optimizer, scheduler):
+def prepare_scheduler(accelerator: Any, optimizer: torch.optim.Optimizer, scheduler: Any) -> NoReturn:
     raise _megatron("prepare_scheduler")
 
 
 class AbstractTrainStep(ABC):
     """Base of a Megatron train step: how to get a batch, run the forward step and compute the loss."""
 
-    def __init__(self, name):
+    def __init__(self, name: str):
         super().__init__()
         self.name = name
 
-    def get_batch_func(self, accelerator, megatron_dataset_flag):
+    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Optional[Callable[..., Any]]:
         pass
 
-    def get_forward_step_func(self):
+    def get_forward_step_func(self) -> Optional[Callable[..., Any]]:
         pass
 
-    def get_loss_func(self, accelerator):
+    def get_loss_func(self, accelerator: Any) -> Optional[Callable[..., Any]]:
         pass
 
 
 class BertTrainStep(AbstractTrainStep):
     """The BERT train step (planned)."""
 
-    def __init__(self, accelerator, args):
+    def __init__(self, accelerator: Any, args: Any):
         raise _megatron("BertTrainStep")
 
-    def get_batch_func(self, accelerator, megatron_dataset_flag):
+    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> NoReturn:
         raise _megatron("BertTrainStep.get_batch_func")
 
-    def get_loss_func(self, accelerator, pretraining_flag, num_labels):
+    def get_loss_func(self, accelerator: Any, pretraining_flag: bool, num_labels: int) -> NoReturn:
         raise _megatron("BertTrainStep.get_loss_func")
 
-    def get_forward_step_func(self, pretraining_flag, bert_binary_head):
+    def get_forward_step_func(self, pretraining_flag: bool, bert_binary_head: bool) -> NoReturn:
         raise _megatron("BertTrainStep.get_forward_step_func")
 
 
 class GPTTrainStep(AbstractTrainStep):
     """The GPT train step (planned)."""
 
-    def __init__(self, accelerator, args):
+    def __init__(self, accelerator: Any, args: Any):
         raise _megatron("GPTTrainStep")
 
-    def get_batch_func(self, accelerator, megatron_dataset_flag):
+    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> NoReturn:
         raise _megatron("GPTTrainStep.get_batch_func")
 
-    def get_loss_func(self, accelerator):
+    def get_loss_func(self, accelerator: Any) -> NoReturn:
         raise _megatron("GPTTrainStep.get_loss_func")
 
-    def get_forward_step_func(self):
+    def get_forward_step_func(self) -> NoReturn:
         raise _megatron("GPTTrainStep.get_forward_step_func")
 
 
 class T5TrainStep(AbstractTrainStep):
     """The T5 train step (planned); its attention-mask helpers work."""
 
-    def __init__(self, accelerator, args):
+    def __init__(self, accelerator: Any, args: Any):
         raise _megatron("T5TrainStep")
 
     @staticmethod
-    def attn_mask_postprocess(attention_mask):
+    def attn_mask_postprocess(attention_mask: torch.Tensor) -> torch.Tensor:
         """A 2D padding mask ``[b, s]`` as the 3D mask ``[b, s, s]`` Megatron takes (True = masked out)."""
         return (attention_mask.unsqueeze(1) * attention_mask.unsqueeze(2)) < 0.5
 
     @staticmethod
-    def get_decoder_mask(seq_length, device):
+    def get_decoder_mask(seq_length: int, device: Device) -> torch.Tensor:
         """The causal mask ``[1, s, s]`` (True = masked out)."""
         return torch.tril(torch.ones((1, seq_length, seq_length), device=device)) < 0.5
 
     @staticmethod
-    def get_enc_dec_mask(attention_mask, dec_seq_length, device):
+    def get_enc_dec_mask(attention_mask: torch.Tensor, dec_seq_length: int, device: Device) -> torch.Tensor:
         """The encoder-decoder mask ``[b, dec_seq_length, s]`` from the encoder's padding mask (True = masked out)."""
         batch_size = attention_mask.shape[0]
         return (torch.ones((batch_size, dec_seq_length, 1), device=device) * attention_mask.unsqueeze(1)) < 0.5
 
-    def get_batch_func(self, accelerator, megatron_dataset_flag):
+    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> NoReturn:
         raise _megatron("T5TrainStep.get_batch_func")
 
-    def get_loss_func(self, accelerator):
+    def get_loss_func(self, accelerator: Any) -> NoReturn:
         raise _megatron("T5TrainStep.get_loss_func")
 
-    def get_forward_step_func(self):
+    def get_forward_step_func(self) -> NoReturn:
         raise _megatron("T5TrainStep.get_forward_step_func")
 
 
-def finish_mpu_init():
+def finish_mpu_init() -> NoReturn:
     raise _megatron("finish_mpu_init")
 
 
-def initialize(accelerator, extra_args_provider=None, args_defaults=None):
+def initialize(accelerator: Any, extra_args_provider: Optional[Callable[..., Any]] = None,
+               args_defaults: Optional[dict] = None) -> NoReturn:
     raise _megatron("initialize")
 
 
 class MegatronEngine(torch.nn.Module):
     """The Megatron model, optimizer and scheduler behind one module (planned)."""
 
-    def __init__(self, accelerator, model, optimizer, scheduler):
+    def __init__(self, accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any):
         raise _megatron("MegatronEngine")
 
-    def get_module_config(self):
+    def get_module_config(self) -> NoReturn:
         raise _megatron("MegatronEngine.get_module_config")
 
-    def train(self):
+    def train(self) -> NoReturn:
         raise _megatron("MegatronEngine.train")
 
-    def eval(self):
+    def eval(self) -> NoReturn:
         raise _megatron("MegatronEngine.eval")
 
-    def get_batch_data_iterator(self, batch_data):
+    def get_batch_data_iterator(self, batch_data: NestedData) -> NoReturn:
         raise _megatron("MegatronEngine.get_batch_data_iterator")
 
-    def train_step(self, **batch_data):
+    def train_step(self, **batch_data: Any) -> NoReturn:
         raise _megatron("MegatronEngine.train_step")
 
-    def eval_step(self, **batch_data):
+    def eval_step(self, **batch_data: Any) -> NoReturn:
         raise _megatron("MegatronEngine.eval_step")
 
-    def forward(self, **batch_data):
+    def forward(self, **batch_data: Any) -> NoReturn:
         raise _megatron("MegatronEngine.forward")
 
-    def log_eval_results(self):
+    def log_eval_results(self) -> NoReturn:
         raise _megatron("MegatronEngine.log_eval_results")
 
-    def save_checkpoint(self, output_dir):
+    def save_checkpoint(self, output_dir: Union[str, os.PathLike]) -> NoReturn:
         raise _megatron("MegatronEngine.save_checkpoint")
 
-    def load_checkpoint(self, input_dir):
+    def load_checkpoint(self, input_dir: Union[str, os.PathLike]) -> NoReturn:
         raise _megatron("MegatronEngine.load_checkpoint")
 
 
-def avg_losses_across_data_parallel_group(losses):
+def avg_losses_across_data_parallel_group(losses: list[torch.Tensor]) -> NoReturn:
     raise _megatron("avg_losses_across_data_parallel_group")
 
 
-def gather_across_data_parallel_groups(tensor):
+def gather_across_data_parallel_groups(tensor: NestedData) -> NoReturn:
     raise _megatron("gather_across_data_parallel_groups")

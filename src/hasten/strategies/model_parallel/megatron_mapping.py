@@ -18,6 +18,12 @@ fields fall in three groups:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from ...config.megatron import MegatronLMPlugin
+    from ...parallel import ParallelDims
+
 __all__ = ["check_torch_native", "megatron_layout"]
 
 # field -> the value(s) that ask for nothing: other values need Megatron-LM itself
@@ -73,7 +79,7 @@ def _refusals(plugin) -> list:
     return found
 
 
-def check_torch_native(plugin) -> None:
+def check_torch_native(plugin: MegatronLMPlugin) -> None:
     """Raise ``ValueError`` naming every field of ``plugin`` the torch-native engine cannot honour."""
     found = _refusals(plugin)
     if found:
@@ -83,7 +89,7 @@ def check_torch_native(plugin) -> None:
                          "\nLeave them at their defaults, or see docs/megatron-lm.md for what each maps to.")
 
 
-def megatron_layout(plugin, world_size: int, given=None):
+def megatron_layout(plugin: MegatronLMPlugin, world_size: int, given: Optional[ParallelDims] = None) -> ParallelDims:
     """The ``ParallelDims`` the plugin asks for on ``world_size`` processes, checked against the sizes of the
     ParallelismConfig behind ``given`` (the run's layout) when there is one."""
     from ...parallel import ParallelDims

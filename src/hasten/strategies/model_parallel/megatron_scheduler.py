@@ -13,7 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from numbers import Real
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
@@ -181,12 +181,15 @@ def _pick(what: str, iters, samples, unit: str, default=None, zero_is_unset: boo
     return value if (value is not None and not (zero_is_unset and value == 0)) else default
 
 
-def resolve_megatron_schedule(*, train_iters=None, train_samples=None, lr_decay_iters=None, lr_decay_samples=None,
-                              lr_warmup_iters=None, lr_warmup_samples=None, lr_warmup_fraction=None,
-                              lr_decay_style="linear", min_lr=0.0, lr_warmup_init=0.0, lr_wsd_decay_iters=None,
-                              lr_wsd_decay_samples=None, lr_wsd_decay_style="exponential",
-                              weight_decay_incr_style="constant", start_weight_decay=None,
-                              end_weight_decay=None) -> tuple[MegatronSchedule, str]:
+def resolve_megatron_schedule(*, train_iters: Optional[int] = None, train_samples: Optional[int] = None,
+                              lr_decay_iters: Optional[int] = None, lr_decay_samples: Optional[int] = None,
+                              lr_warmup_iters: Optional[int] = None, lr_warmup_samples: Optional[int] = None,
+                              lr_warmup_fraction: Optional[float] = None, lr_decay_style: str = "linear",
+                              min_lr: float = 0.0, lr_warmup_init: float = 0.0,
+                              lr_wsd_decay_iters: Optional[int] = None, lr_wsd_decay_samples: Optional[int] = None,
+                              lr_wsd_decay_style: str = "exponential", weight_decay_incr_style: str = "constant",
+                              start_weight_decay: Optional[float] = None,
+                              end_weight_decay: Optional[float] = None) -> tuple[MegatronSchedule, str]:
     """Megatron's arguments -> (the schedule, its unit: ``"iterations"`` or ``"samples"``), as Megatron resolves them.
 
     The run's length is ``train_iters`` or ``train_samples`` (exactly one). The decay lasts ``lr_decay_*`` (default:
@@ -256,8 +259,9 @@ class MegatronParamScheduler(LRScheduler):
     schedule saved in the checkpoint (the checkpoint's values win, as Megatron's default does).
     """
 
-    def __init__(self, optimizer, *, max_lr: Optional[float] = None, samples_per_step: Optional[int] = None,
-                 consumed_samples: Union[int, Sequence[int], None] = None, **schedule_args):
+    def __init__(self, optimizer: torch.optim.Optimizer, *, max_lr: Optional[float] = None,
+                 samples_per_step: Optional[int] = None, consumed_samples: Union[int, Sequence[int], None] = None,
+                 **schedule_args: Any):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"A Megatron schedule drives a torch.optim.Optimizer's param groups; got "
                             f"{type(optimizer).__name__}.")

@@ -162,7 +162,7 @@ class PipelineStageModule(nn.Module):
             else:
                 self.add_module(name, model.get_submodule(name))
 
-    def forward(self, hidden):
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         for name in self.unit_names:
             hidden = self.get_submodule(name)(hidden)
         return hidden
@@ -339,8 +339,10 @@ class PipelineSchedule:
     needed on the first stage's rank and ``target`` on the last stage's; other ranks may pass them or None.
     """
 
-    def __init__(self, modules, stage_indices, num_stages, group, schedule, num_micro_batches, loss_fn, device,
-                 broadcast_loss):
+    def __init__(self, modules: Sequence[nn.Module], stage_indices: Sequence[int], num_stages: int,
+                 group: Optional[ProcessGroup], schedule: str, num_micro_batches: int,
+                 loss_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]],
+                 device: torch.device, broadcast_loss: bool):
         import torch.distributed as dist
         from torch.distributed import pipelining
 

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import ScheduleGPipe
 
 __all__ = ["generate_device_map", "find_pippy_batch_size", "build_pipeline", "pippy_forward", "prepare_pippy"]
 
@@ -37,8 +41,8 @@ class PipelineInputError(ValueError):
 
 
 # ============================================================================================ planning
-def generate_device_map(model, num_processes: int = 1, no_split_module_classes=None,
-                        max_memory: Optional[dict] = None):
+def generate_device_map(model: nn.Module, num_processes: int = 1, no_split_module_classes: Optional[list[str]] = None,
+                        max_memory: Optional[dict] = None) -> OrderedDict:
     """A device map giving each of ``num_processes`` processes (devices ``0 .. n-1``) about an equal share of
     ``model`` (10% headroom for shared weights), unless ``max_memory`` says how much each may take."""
     from ...big_modeling.device_map import infer_auto_device_map
@@ -55,7 +59,7 @@ def generate_device_map(model, num_processes: int = 1, no_split_module_classes=N
                                  clean_result=False)
 
 
-def find_pippy_batch_size(args, kwargs):
+def find_pippy_batch_size(args: Optional[tuple], kwargs: Optional[dict]) -> Optional[int]:
     """The batch size of the first input (positional, then keyword) it can be read from; None if none."""
     from ...collectives.operations import ignorant_find_batch_size
 
@@ -355,7 +359,8 @@ def _schedule(pipe, num_chunks: int):
     return ScheduleGPipe(stage, num_chunks)
 
 
-def build_pipeline(model, split_points, args, kwargs, num_chunks):
+def build_pipeline(model: nn.Module, split_points: list[str], args: Optional[tuple], kwargs: Optional[dict],
+                   num_chunks: int) -> ScheduleGPipe:
     """Trace ``model`` on the example micro-batch ``args`` / ``kwargs``, cut it before each of ``split_points``
     and return the ``ScheduleGPipe`` running this process's stage in ``num_chunks`` micro-batches.
 
@@ -449,7 +454,7 @@ def _run(forward, num_chunks: int, gather_output: bool, args: tuple, kwargs: dic
     return output
 
 
-def pippy_forward(forward, num_chunks, gather_output, *args, **kwargs):
+def pippy_forward(forward: Callable[..., Any], num_chunks: int, gather_output: bool, *args: Any, **kwargs: Any) -> Any:
     """Run one batch through a pipeline schedule's ``forward`` (its ``step``): the inputs are read on the first
     process, cut into ``num_chunks`` micro-batches (the batch must divide by it), and the output is returned on the
     last process (every process with ``gather_output``), None elsewhere; without autograd. On one process,
@@ -459,14 +464,14 @@ def pippy_forward(forward, num_chunks, gather_output, *args, **kwargs):
 
 
 def prepare_pippy(
-    model,
+    model: nn.Module,
     split_points: Optional[Union[str, list[str]]] = "auto",
     no_split_module_classes: Optional[list[str]] = None,
     example_args: Optional[tuple[Any]] = (),
     example_kwargs: Optional[dict[str, Any]] = None,
     num_chunks: Optional[int] = None,
     gather_output: Optional[bool] = False,
-):
+) -> nn.Module:
     """Cut ``model`` into one pipeline stage per process for inference and return it, its ``forward`` running the
     pipeline (see the module docstring).
 

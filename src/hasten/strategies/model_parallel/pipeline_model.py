@@ -14,10 +14,15 @@ state dicts, optimizers and checkpoints see the model's own names) and a pipelin
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from .pipeline import PipelineSchedule
 
 __all__ = ["PipelineModel"]
 
@@ -25,13 +30,14 @@ __all__ = ["PipelineModel"]
 class PipelineModel(nn.Module):
     """This rank's stages of a model and the schedule that runs them (see the module docstring)."""
 
-    def __init__(self, module: nn.Module, pipeline, group):
+    def __init__(self, module: nn.Module, pipeline: PipelineSchedule, group: Optional[ProcessGroup]):
         super().__init__()
         self.module = module
         self.__dict__["pipeline"] = pipeline  # not a submodule: its stages are module's parts
         self.__dict__["group"] = group
 
-    def forward(self, inputs: Optional[torch.Tensor] = None, target: Optional[torch.Tensor] = None):
+    def forward(self, inputs: Optional[torch.Tensor] = None,
+                target: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         if self.training:
             if self.pipeline.is_last and target is None:
                 raise ValueError("Under pipeline parallelism the model computes the loss itself, on the last stage: "

@@ -26,9 +26,10 @@ stages), which load under another layout.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Optional, Sequence, Union
 
 import torch
+from torch import nn
 
 from ...config.enums import DistributedType
 from ..fsdp.fsdp2 import FSDP2Strategy, _repoint
@@ -36,6 +37,12 @@ from ..fsdp.sharding import shard_options
 from .tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan, splits_the_logits
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ...config.accelerator_settings import AcceleratorSettings
+    from ...config.fsdp import FullyShardedDataParallelPlugin
+    from ...parallel import ParallelDims
+    from ...parallel.config import TorchPipelineParallelConfig
     from ...state import PartialState
 
 __all__ = ["ModelParallelStrategy"]
@@ -46,7 +53,9 @@ class ModelParallelStrategy(FSDP2Strategy):
 
     needs_model_parallel_layout = True  # a layout with tp or pp > 1 (a subclass may run data parallelism alone)
 
-    def __init__(self, processes: PartialState, settings=None, dims=None, plugin=None, tp_plan=None, pp_config=None):
+    def __init__(self, processes: PartialState, settings: Optional[AcceleratorSettings] = None,
+                 dims: Optional[ParallelDims] = None, plugin: Optional[FullyShardedDataParallelPlugin] = None,
+                 tp_plan: Optional[dict] = None, pp_config: Optional[TorchPipelineParallelConfig] = None):
         from ...core.planned import not_yet_supported
 
         if self.needs_model_parallel_layout and (dims is None or (dims.tp == 1 and dims.pp == 1)):
@@ -71,7 +80,7 @@ class ModelParallelStrategy(FSDP2Strategy):
                                  "default state_dict_type (SHARDED_STATE_DICT), not full-state files.")
 
     @property
-    def distributed_type(self):
+    def distributed_type(self) -> DistributedType:
         """FSDP when the data-parallel dimensions shard or replicate through FSDP2, else the process state's."""
         return DistributedType.FSDP if self._sharded_over_data else self.processes.distributed_type
 
@@ -86,8 +95,10 @@ class ModelParallelStrategy(FSDP2Strategy):
             super().setup()
 
     # ------------------------------------------------------------ pipeline parallelism
-    def prepare_training(self, models, optimizers, device_placement, evaluation_mode=False, compile_model=None,
-                         **context):
+    def prepare_training(self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
+                         device_placement: Sequence[bool], evaluation_mode: bool = False,
+                         compile_model: Optional[Callable[[nn.Module], nn.Module]] = None,
+                         **context: Any) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
         if self.layout.pp == 1:
             return super().prepare_training(models, optimizers, device_placement, evaluation_mode, compile_model,
                                             **context)
@@ -147,7 +158,7 @@ class ModelParallelStrategy(FSDP2Strategy):
                                   loss_fn=config.loss_fn, virtual_stages=config.virtual_stages)
         return PipelineModel(part, pipeline, layout.submesh("pp").get_group())
 
-    def loss_parallel(self):
+    def loss_parallel(self) -> Optional[ContextManager]:
         """torch's ``loss_parallel`` context when a prepared model's head splits the logits over the classes."""
         if not self.splits_logits:
             return None
@@ -155,8 +166,9 @@ class ModelParallelStrategy(FSDP2Strategy):
 
         return loss_parallel()
 
-    def backward(self, loss, model=None, *, accumulation_steps=1, num_items_in_batch=None, sync_gradients=True,
-                 **kwargs) -> None:
+    def backward(self, loss: torch.Tensor, model: Optional[nn.Module] = None, *, accumulation_steps: int = 1,
+                 num_items_in_batch: Optional[Union[int, torch.Tensor]] = None, sync_gradients: bool = True,
+                 **kwargs: Any) -> None:
         """Under pipeline parallelism the schedule ran the backward when the model was called: nothing to do.
         With a loss-parallel head, the backward runs in torch's ``loss_parallel`` context, as it must."""
         if self.layout.pp > 1:
@@ -168,13 +180,14 @@ class ModelParallelStrategy(FSDP2Strategy):
             super().backward(loss, model, accumulation_steps=accumulation_steps,
                              num_items_in_batch=num_items_in_batch, sync_gradients=sync_gradients, **kwargs)
 
-    def unwrap(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
+    def unwrap(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
         from .pipeline_model import PipelineModel
 
         unwrapped = super().unwrap(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
         return unwrapped.module if isinstance(unwrapped, PipelineModel) else unwrapped
 
-    def total_grad_norm(self, parameters, norm_type=2) -> tuple:
+    def total_grad_norm(self, parameters: Iterable[torch.Tensor], norm_type: float = 2,
+                        ) -> tuple[dict[Optional[DeviceMesh], list[torch.Tensor]], Optional[torch.Tensor]]:
         """Under pipeline parallelism, each rank's norm covers its stages: combined over the pipeline ranks."""
         groups, total = super().total_grad_norm(parameters, norm_type)
         if self.layout.pp == 1:
@@ -193,7 +206,7 @@ class ModelParallelStrategy(FSDP2Strategy):
         device = total.device if total is not None else torch.device("cpu")
         return groups, combined.to(device)
 
-    def model_state_dict(self, model, full: bool = True) -> dict:
+    def model_state_dict(self, model: nn.Module, full: bool = True) -> dict:
         """Full under pipeline parallelism: every rank's stages, gathered (on every rank)."""
         if self.layout.pp == 1 or not full:
             return super().model_state_dict(model, full)
@@ -214,7 +227,7 @@ class ModelParallelStrategy(FSDP2Strategy):
             merged.update(piece)
         return merged
 
-    def expected_state_dict(self, model, keep_vars=False) -> dict:
+    def expected_state_dict(self, model: nn.Module, keep_vars: bool = False) -> dict:
         """Every name of the whole model (all stages), each with a tensor of its full shape."""
         local = super().expected_state_dict(model, keep_vars)
         if self.layout.pp == 1:
@@ -222,14 +235,14 @@ class ModelParallelStrategy(FSDP2Strategy):
         shapes = self._from_every_stage({k: (tuple(v.shape), v.dtype) for k, v in local.items()})
         return {k: torch.empty(shape, dtype=dtype, device="meta") for k, (shape, dtype) in shapes.items()}
 
-    def load_model_state_dict(self, model, state_dict, strict=True):
+    def load_model_state_dict(self, model: nn.Module, state_dict: dict, strict: bool = True) -> Optional[tuple]:
         """A whole model's state: this rank's stages take their part."""
         if self.layout.pp > 1:
             names = set(self.unwrap(model).state_dict().keys())
             state_dict = {k: v for k, v in state_dict.items() if k in names}
         return super().load_model_state_dict(model, state_dict, strict)
 
-    def shard_model(self, model):
+    def shard_model(self, model: nn.Module) -> nn.Module:
         """Apply the tensor-parallel plan, then FSDP2 over the data-parallel dimensions (when there are several)."""
         from torch.distributed.fsdp import FSDPModule
 

@@ -26,9 +26,12 @@ does not divide is an error naming the module (and listing the model's modules).
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["STYLE_NAMES", "resolve_plan", "plan_of", "is_tensor_parallel", "apply_plan", "splits_the_logits"]
 
@@ -119,7 +122,7 @@ def _check_divisible(name, module, style, tp_size, colwise, rowwise) -> None:
                          f"does not divide: choose a tp size that divides it, or leave {name!r} out of the plan.")
 
 
-def apply_plan(model: nn.Module, plan: dict, tp_mesh) -> nn.Module:
+def apply_plan(model: nn.Module, plan: dict, tp_mesh: DeviceMesh) -> nn.Module:
     """Split ``model`` in place over ``tp_mesh`` with the resolved plan (``resolve_plan``)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
