@@ -7,8 +7,14 @@ local so accumulation costs no communication (unless ``sync_each_batch``).
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING, ContextManager, Sequence
+
+from torch import nn
 
 from .state import GradientState
+
+if TYPE_CHECKING:
+    from .strategies.base import Strategy
 
 __all__ = ["GradientAccumulator"]
 
@@ -16,7 +22,7 @@ __all__ = ["GradientAccumulator"]
 class GradientAccumulator:
     """Counts batches inside ``Accelerator.accumulate`` and sets ``GradientState.sync_gradients``."""
 
-    def __init__(self, gradient_state: GradientState, strategy, single_process: bool):
+    def __init__(self, gradient_state: GradientState, strategy: Strategy, single_process: bool):
         self.gradient_state = gradient_state
         self.strategy = strategy
         self.single_process = single_process
@@ -35,7 +41,7 @@ class GradientAccumulator:
         if at_loader_end and not at_boundary:
             self.step = 0  # the next loader starts a fresh cycle
 
-    def accumulate(self, models):
+    def accumulate(self, models: Sequence[nn.Module]) -> ContextManager:
         """Count a batch; skip DDP's gradient synchronisation unless this batch ends a cycle (a context manager)."""
         self.advance()
         gradient_state = self.gradient_state

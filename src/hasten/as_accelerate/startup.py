@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.abc
 import os
 import sys
+from types import ModuleType
+from typing import Optional, Sequence
 
 from .switch import install_as_accelerate
 
@@ -38,7 +40,8 @@ class Refusal(importlib.abc.MetaPathFinder):
     def __init__(self, error: Exception):
         self.error = error
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
+                  target: Optional[ModuleType] = None) -> None:
         if fullname == "accelerate" or fullname.startswith("accelerate."):
             raise ImportError(str(self.error))
         return None
