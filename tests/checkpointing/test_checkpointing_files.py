@@ -11,7 +11,7 @@ from hasten.checkpointing import layout
 from hasten.checkpointing.formats import is_checkpoint_file
 from hasten.checkpointing.full_files import FullStateFormat
 from hasten.checkpointing.sharded_files import ShardedFormat
-from hasten.checkpointing.model_files import drop_aliases, fill_aliases, match_keys
+from hasten.checkpointing.weights import drop_aliases, fill_aliases, match_keys
 from hasten.checkpointing.rng import capture_rng_states, restore_rng_states
 from hasten.checkpointing.writers import SAFETENSORS_DTYPES, write_safetensors
 

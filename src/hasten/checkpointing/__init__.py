@@ -20,11 +20,11 @@ one file per step:
 - ``rotation``: ``{project_dir}/checkpoints/checkpoint_{n}``, ``total_limit``, the newest complete one;
 - file formats: ``writers`` (pickles and safetensors, durable), ``serialization`` (``save`` / ``load`` once per
   run), ``safe_load`` (``weights_only`` loading with an allow-list), ``safe_dcp`` (DCP folders read without
-  running code), ``model_files`` / ``save_model`` (weights in and out: wrapper prefixes, tied weights,
+  running code), ``weights`` / ``save_model`` (weights in and out: wrapper prefixes, tied weights,
   sharded safetensors with an index), ``optimizer_names`` (optimizer states by name and by position), ``rng``
   (every process's random generators);
 - ``auto_resume``: the one-liner that continues a restarted job;
-- ``state_files``: Accelerate's low-level ``save_accelerator_state`` / ``load_accelerator_state`` /
+- ``low_level_state``: Accelerate's low-level ``save_accelerator_state`` / ``load_accelerator_state`` /
   ``save_custom_state`` / ``load_custom_state``, over the same files.
 """
 from .auto_resume import auto_resume, latest_checkpoint
@@ -34,7 +34,7 @@ from .loading import load_state
 from .safe_load import SAFE_TYPES
 from .save_model import save_model
 from .saving import save_state
-from .state_files import load_accelerator_state, load_custom_state, save_accelerator_state, save_custom_state
+from .low_level_state import load_accelerator_state, load_custom_state, save_accelerator_state, save_custom_state
 
 __all__ = [
     "auto_resume", "latest_checkpoint", "save_state", "load_state", "save_model",

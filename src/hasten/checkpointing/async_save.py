@@ -32,7 +32,7 @@ import torch
 
 from ..state import PartialState
 from .errors import CheckpointError
-from .model_files import _alias_key
+from .weights import _alias_key
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from . import layout
 from .full_state_reader import LoadedState, apply_full_state, read_full_state
 from .full_files import write_shared_files
-from .model_files import state_dict_for_checkpoint
+from .weights import state_dict_for_checkpoint
 from .rng import capture_rng_states
 from .targets import CheckpointTargets, loader_state
 from .writers import write_pickle

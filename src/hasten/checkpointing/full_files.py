@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..core.constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME, SCALER_NAME, SCHEDULER_NAME
-from .model_files import drop_aliases
+from .weights import drop_aliases
 from .optimizer_names import by_position
 from .safe_load import load_pickle_file, load_safetensors_file
 from .writers import write_pickle, write_tensors

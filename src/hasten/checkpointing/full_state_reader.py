@@ -28,7 +28,7 @@ from .contributions import recorded_files
 from .errors import CheckpointError, CorruptCheckpointError, IncompleteCheckpointError
 from .formats import locate
 from .full_files import FullStateFormat
-from .model_files import prepare_loaded_state
+from .weights import prepare_loaded_state
 from .rng import capture_rng_states, restore_rng_states
 from .safe_load import load_pickle_file
 from .targets import CheckpointTargets, loader_state

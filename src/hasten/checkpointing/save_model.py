@@ -26,7 +26,7 @@ from ..collectives.process_view import ProcessView
 from ..state import PartialState
 from .agreement import together
 from ..core.constants import MODEL_NAME, SAFE_MODEL_NAME
-from .model_files import drop_aliases
+from .weights import drop_aliases
 from .writers import atomic_file, write_pickle, write_tensors
 
 if TYPE_CHECKING:

@@ -68,7 +68,7 @@ def _saved_shapes(folder: Path) -> dict:
 
 def check_against_metadata(folder: Path, template: dict, prefix: str, strict: bool) -> None:
     """Every tensor of ``template`` must be in the checkpoint with the same global shape (clear error first)."""
-    from ...checkpointing.model_files import flatten_names
+    from ...checkpointing.weights import flatten_names
 
     saved = _saved_shapes(folder)
     for name, tensor in flatten_names(template, prefix):

@@ -2,7 +2,7 @@
 ``save_custom_state`` / ``load_custom_state``, for code that calls them directly.
 
 They write and read the same files as ``Accelerator.save_state`` / ``load_state`` (names from the formats, ``full_files.py``, and ``layout``,
-weights through ``model_files``, random generators through ``rng``, pickles read safely through
+weights through ``weights``, random generators through ``rng``, pickles read safely through
 ``safe_load``), but into the folder given, file by file: each file is replaced atomically, the folder as a
 whole is not (no staging folder, no completion marker). Use ``Accelerator.save_state`` for that.
 """
@@ -17,7 +17,7 @@ from ..state import PartialState
 from . import layout
 from .full_files import FullStateFormat
 from .full_state_reader import model_location
-from .model_files import drop_aliases, fill_aliases, match_keys
+from .weights import drop_aliases, fill_aliases, match_keys
 from .rng import capture_rng_states, restore_rng_states
 from .safe_load import load_pickle_file
 from .serialization import save as _save_from_one_process
