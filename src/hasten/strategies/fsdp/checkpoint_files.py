@@ -112,7 +112,7 @@ def _kind(fsdp_plugin, use_dcp: bool) -> str:
 
 
 def _load_shards(state: dict, folder: Path) -> None:
-    from .sharded_io import check_against_metadata, load_shards
+    from ...checkpointing.sharded_io import check_against_metadata, load_shards
 
     key = next(iter(state))
     check_against_metadata(folder, state[key], key, True)
@@ -143,7 +143,7 @@ def load_fsdp_model(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator: _R
                     model: torch.nn.Module, input_dir: Union[str, os.PathLike], model_index: int = 0,
                     adapter_only: bool = False, use_dcp: bool = True) -> None:
     """Load weights ``save_fsdp_model`` saved (collective)."""
-    from .sharded_io import empty_like
+    from ...checkpointing.sharded_io import empty_like
 
     strategy = _strategy(accelerator, "load_fsdp_model")
     kind = _kind(fsdp_plugin, use_dcp)
@@ -188,7 +188,7 @@ def load_fsdp_optimizer(fsdp_plugin: FullyShardedDataParallelPlugin, accelerator
                         optimizer_index: int = 0, adapter_only: bool = False, use_dcp: bool = True) -> None:
     """Load an optimizer state ``save_fsdp_optimizer`` saved (collective)."""
     from ...checkpointing.optimizer_names import by_position
-    from .sharded_io import empty_like
+    from ...checkpointing.sharded_io import empty_like
 
     strategy = _strategy(accelerator, "load_fsdp_optimizer")
     kind = _kind(fsdp_plugin, use_dcp)  # adapter_only: the optimizer trains the adapter's parameters only anyway

@@ -276,7 +276,7 @@ def _checkpoint_io(plugin):
     from torch.distributed.fsdp import StateDictType
 
     from ...checkpointing.checkpoint_io import FullStateCheckpointIO
-    from .sharded_io import ShardedCheckpointIO
+    from ...checkpointing.sharded_io import ShardedCheckpointIO
 
     return ShardedCheckpointIO() if plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT \
         else FullStateCheckpointIO()

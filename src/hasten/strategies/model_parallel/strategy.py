@@ -73,7 +73,7 @@ class ModelParallelStrategy(FSDP2Strategy):
             from ...parallel.config import TorchPipelineParallelConfig
 
             self.pp_config = pp_config or TorchPipelineParallelConfig()
-            from ..fsdp.sharded_io import ShardedCheckpointIO
+            from ...checkpointing.sharded_io import ShardedCheckpointIO
 
             if not isinstance(self.checkpoint_io, ShardedCheckpointIO):
                 raise ValueError("Pipeline parallelism saves each rank's stages as DCP shards: use the FSDP plugin's "

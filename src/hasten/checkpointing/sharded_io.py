@@ -1,4 +1,5 @@
-"""Sharded checkpoint IO: every rank writes its own shards of the models and optimizers with
+"""Sharded checkpoint IO, ``ShardedFormat``'s writer and reader for the strategies that shard (FSDP2, FSDP1, tensor
+and pipeline parallelism): every rank writes its own shards of the models and optimizers with
 ``torch.distributed.checkpoint`` (DCP), in the reference library's layout (``ShardedFormat``'s names:
 ``pytorch_model_fsdp_{i}/``, ``optimizer_{i}/``; checkpointing/sharded_files.py), inside the same staging folder.
 
@@ -18,27 +19,27 @@ from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 
-from ...checkpointing.checkpoint_io import Snapshot, take_snapshot, write_full_state
-from ...checkpointing.errors import CheckpointError, IncompleteCheckpointError
-from ...checkpointing.full_state_reader import LoadedState, apply_full_state, read_full_state
-from ...checkpointing.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
-from ...checkpointing.safe_load import UNSAFE_OPT_IN
-from ...checkpointing.sharded_files import ShardedFormat
-from ...checkpointing.strategy_protocol import CheckpointingStrategy
-from ...checkpointing.targets import CheckpointTargets
+from .checkpoint_io import Snapshot, take_snapshot, write_full_state
+from .errors import CheckpointError, IncompleteCheckpointError
+from .full_state_reader import LoadedState, apply_full_state, read_full_state
+from .safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+from .safe_load import UNSAFE_OPT_IN
+from .sharded_files import ShardedFormat
+from .strategy_protocol import CheckpointingStrategy
+from .targets import CheckpointTargets
 
 if TYPE_CHECKING:
     from torch import nn
     from torch.distributed import ProcessGroup
 
-    from ...core.aliases import Device, NestedData
+    from ..core.aliases import Device, NestedData
 
 __all__ = ["ShardedCheckpointIO", "empty_like",
            "check_against_metadata", "load_shards"]
 
 
 class _ShardingStrategy(CheckpointingStrategy, Protocol):
-    """The strategy this IO serves (``FSDP2Strategy`` / ``FSDP1Strategy``, which import this module): it gives each
+    """The strategy this IO serves (FSDP2 / FSDP1 and the model-parallel strategies built on FSDP2): it gives each
     rank's shards of the states."""
 
     def sharded_model_state_dict(self, model: nn.Module) -> dict: ...
@@ -68,7 +69,7 @@ def _saved_shapes(folder: Path) -> dict:
 
 def check_against_metadata(folder: Path, template: dict, prefix: str, strict: bool) -> None:
     """Every tensor of ``template`` must be in the checkpoint with the same global shape (clear error first)."""
-    from ...checkpointing.weights import flatten_names
+    from .weights import flatten_names
 
     saved = _saved_shapes(folder)
     for name, tensor in flatten_names(template, prefix):
