@@ -195,7 +195,7 @@ FLOORS = (
     ("precision", "data", "big_modeling", "compile", "optimizer", "scheduler", "tracking", "checkpointing",
      "local_sgd"),
     ("quantization", "strategies"),
-    ("accumulation", "evaluation", "inference", "accelerator"),
+    ("accumulation", "evaluation", "inference", "accelerator", "planning"),
     ("commands", "launchers", "test_utils", "__main__"),
 )
 FACES = ("utils", "data_loader", "hooks", "memory_utils", "parallelism_config", "")
