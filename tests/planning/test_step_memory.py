@@ -1,4 +1,6 @@
 """Training-step memory by category: the prediction on fake tensors equals the measurement on real ones."""
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -27,7 +29,8 @@ def test_the_prediction_is_the_measurement_and_adds_up(mixed_precision):
     weights = parameter_bytes(mlp())
     assert predicted.parameters == weights and predicted.gradients == weights  # fp32 weights and gradients
     assert predicted.optimizer_state >= 2 * weights  # AdamW's two moments (and its step's temporaries)
-    assert predicted.peak == sum(getattr(predicted, field) for field in MEMORY_CATEGORIES.values())
+    assert predicted.peak == sum(getattr(predicted, field.name) for field in dataclasses.fields(MemoryBreakdown))
+    assert set(MEMORY_CATEGORIES.values()) == {field.name for field in dataclasses.fields(MemoryBreakdown)}
     assert predicted.as_dict()["peak"] == predicted.peak
 
 

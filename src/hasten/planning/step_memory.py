@@ -23,7 +23,7 @@ from torch import nn
 
 from .torch_tools import memory_tracker, peak_by_category
 
-__all__ = ["MemoryBreakdown", "training_step_memory"]
+__all__ = ["MemoryBreakdown", "training_step_memory", "run_steps", "check_step_arguments", "default_loss"]
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -32,13 +32,16 @@ _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 class MemoryBreakdown:
     """Bytes live at a step's peak, by what holds them."""
 
-    parameters: int
+    parameters: int  # this rank's: its shards under FSDP
     buffers: int
-    gradients: int
+    gradients: int  # this rank's: its shards under FSDP
     optimizer_state: int
     activations: int
     temporaries: int
     other: int
+    gathered_parameters: int = 0  # FSDP: the parameters a unit gathers for its forward and backward
+    gathered_gradients: int = 0  # FSDP: a unit's full gradients before they are reduce-scattered
+    communication: int = 0  # FSDP: the all-gather and reduce-scatter buffers
 
     @property
     def peak(self) -> int:
@@ -49,7 +52,7 @@ class MemoryBreakdown:
         return {**asdict(self), "peak": self.peak}
 
 
-def _default_loss(output: Any) -> torch.Tensor:
+def default_loss(output: Any) -> torch.Tensor:
     """A Transformers output's ``loss`` when it has one, else the sum of the (first) output tensor."""
     loss = getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor):
@@ -70,7 +73,7 @@ def _call(model: nn.Module, batch: Any) -> Any:
 def training_step_memory(build_model: Callable[[], nn.Module], make_batch: Callable[[], Any], *,
                          optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
                          optimizer_kwargs: Optional[dict] = None, mixed_precision: str = "no", steps: int = 3,
-                         fake: bool = True, loss: Callable[[Any], torch.Tensor] = _default_loss) -> MemoryBreakdown:
+                         fake: bool = True, loss: Callable[[Any], torch.Tensor] = default_loss) -> MemoryBreakdown:
     """The peak memory of ``steps`` training steps on the CPU, by category.
 
     ``build_model()`` returns the model (built inside the fake mode when ``fake``), ``make_batch()`` one batch (a
@@ -78,10 +81,7 @@ def training_step_memory(build_model: Callable[[], nn.Module], make_batch: Calla
     callable taking the parameters and ``optimizer_kwargs``), ``mixed_precision`` ``"no"``, ``"bf16"`` or ``"fp16"``
     (the forward under autocast, the weights and optimizer state in their own dtype), ``loss(output)`` the loss.
     """
-    if mixed_precision not in ("no", *_AUTOCAST):
-        raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}.")
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}.")
+    check_step_arguments(mixed_precision, steps)
     mode = contextlib.nullcontext()
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -92,17 +92,32 @@ def training_step_memory(build_model: Callable[[], nn.Module], make_batch: Calla
         optim = optimizer(model.parameters(), **(optimizer_kwargs or {}))
         tracker = memory_tracker()
         tracker.track_external(model, optim)
-        with tracker:
-            for step in range(steps):
-                batch = make_batch()
-                autocast = (torch.autocast("cpu", dtype=_AUTOCAST[mixed_precision]) if mixed_precision != "no"
-                            else contextlib.nullcontext())
-                with autocast:
-                    output = _call(model, batch)
-                loss(output).backward()
-                optim.step()
-                optim.zero_grad()
-                del batch, output
-                if step < steps - 1:
-                    tracker.reset_mod_stats()  # the tracker's per-module records are per step; the peak is kept
+        run_steps(model, optim, tracker, make_batch, mixed_precision=mixed_precision, steps=steps, loss=loss)
     return MemoryBreakdown(**peak_by_category(tracker))
+
+
+def check_step_arguments(mixed_precision: str, steps: int) -> None:
+    """Refuse, before anything is built, a precision or a number of steps the planner cannot run."""
+    if mixed_precision not in ("no", *_AUTOCAST):
+        raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}.")
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}.")
+
+
+def run_steps(model: nn.Module, optim: torch.optim.Optimizer, tracker: Any, make_batch: Callable[[], Any], *,
+              mixed_precision: str, steps: int, loss: Callable[[Any], torch.Tensor] = default_loss) -> None:
+    """``steps`` training steps of ``model`` under ``tracker`` (forward under autocast for ``"bf16"`` / ``"fp16"``,
+    backward, optimizer step, ``zero_grad``); the tracker keeps the peak across them."""
+    with tracker:
+        for step in range(steps):
+            batch = make_batch()
+            autocast = (torch.autocast("cpu", dtype=_AUTOCAST[mixed_precision]) if mixed_precision != "no"
+                        else contextlib.nullcontext())
+            with autocast:
+                output = _call(model, batch)
+            loss(output).backward()
+            optim.step()
+            optim.zero_grad()
+            del batch, output
+            if step < steps - 1:
+                tracker.reset_mod_stats()  # the tracker's per-module records are per step; the peak is kept

@@ -1,4 +1,5 @@
-"""The one door to PyTorch's private memory tools (``torch.distributed._tools``), checked once.
+"""The one door to PyTorch's private planning tools (``torch.distributed._tools``' memory trackers, the fake process
+group), checked once.
 
 ``MemTracker`` attributes every live tensor storage to the module and the category it belongs to (parameters,
 buffers, gradients, optimizer state, activations, temporaries) and keeps the peak; it works the same on real and on
@@ -12,11 +13,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["MEMORY_CATEGORIES", "memory_tracker", "peak_by_category"]
+__all__ = ["MEMORY_CATEGORIES", "memory_tracker", "sharded_memory_tracker", "peak_by_category", "fake_store"]
 
-#: PyTorch's category names (``_MemRefType``) -> hasten's field names (``MemoryBreakdown``)
+#: PyTorch's category names (``_MemRefType``, ``_FSDPRefType``) -> hasten's field names (``MemoryBreakdown``)
 MEMORY_CATEGORIES = {"PARAM": "parameters", "BUFFER": "buffers", "GRAD": "gradients", "OPT": "optimizer_state",
-                     "ACT": "activations", "TEMP": "temporaries", "OTH": "other"}
+                     "ACT": "activations", "TEMP": "temporaries", "OTH": "other",
+                     # FSDP2's: this rank's shards, the parameters gathered for a unit's compute, the gathered
+                     # gradients before they are reduced, the collectives' buffers, the inputs
+                     "SHARDED_PARAM": "parameters", "UNSHARDED_PARAM": "gathered_parameters",
+                     "SHARDED_GRAD": "gradients", "UNSHARDED_GRAD": "gathered_gradients",
+                     "ALL_GATHER": "communication", "REDUCE_SCATTER": "communication", "INP": "activations"}
+_FIELDS = tuple(dict.fromkeys(MEMORY_CATEGORIES.values()))
 
 
 def memory_tracker() -> Any:
@@ -29,9 +36,32 @@ def memory_tracker() -> Any:
     return MemTracker()
 
 
+def sharded_memory_tracker(model: Any, optimizer: Any) -> Any:
+    """A fresh ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` of a model sharded with
+    ``fully_shard``; a clear error when this PyTorch has none."""
+    try:
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    except ImportError as error:
+        raise RuntimeError(f"Planning sharded memory needs PyTorch's FSDPMemTracker "
+                           f"(torch.distributed._tools.fsdp2_mem_tracker), which torch {torch.__version__} does not "
+                           f"have: {error}") from None
+    return FSDPMemTracker(model, optimizer)
+
+
+def fake_store() -> Any:
+    """The store PyTorch's fake process group (backend ``"fake"``) is initialised with."""
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as error:
+        raise RuntimeError(f"Planning at a number of processes needs PyTorch's fake process group "
+                           f"(torch.testing._internal.distributed.fake_pg), which torch {torch.__version__} does not "
+                           f"have: {error}") from None
+    return FakeStore()
+
+
 def peak_by_category(tracker: Any) -> dict[str, int]:
     """``{field: bytes}`` at the moment of the tracker's peak, summed over devices (one device here)."""
-    totals = {field: 0 for field in MEMORY_CATEGORIES.values()}
+    totals = {field: 0 for field in _FIELDS}
     for categories in tracker.get_tracker_snapshot("peak").values():
         for category, size in categories.items():
             name = getattr(category, "name", str(category))
