@@ -549,7 +549,12 @@ class AcceleratorState:
     def initialized(self) -> bool:
         """Whether the state exists, with its PartialState: one reset under it (``PartialState._reset_state()``
         alone) makes the next AcceleratorState start afresh, as in the reference."""
-        partial = self._shared_state.get("_partial")
+        return self._exists()
+
+    @classmethod
+    def _exists(cls) -> bool:
+        """``initialized``, asked of the class: without creating a state."""
+        partial = cls._shared_state.get("_partial")
         return partial is not None and bool(partial.__dict__)
 
     @staticmethod
@@ -563,8 +568,9 @@ class AcceleratorState:
     # ------------------------------------------------------------------ the registered run
     def register_run(self, strategy: _Run) -> None:
         """Make ``strategy`` the run this state shows: the one write of the training facts into the process-wide
-        state, by the Accelerator once the strategy is set up. ``distributed_type``, ``fsdp_plugin`` and
-        ``megatron_lm_plugin`` are then views of what it shows (``Strategy.state_views``)."""
+        state, by the Accelerator once the strategy is set up. ``mixed_precision``, ``distributed_type``,
+        ``fsdp_plugin`` and ``megatron_lm_plugin`` are then views of what it shows (``Strategy.state_views``), and
+        ``select_deepspeed_plugin`` asks it."""
         self.__dict__["_run"] = strategy
 
     @classmethod
@@ -574,16 +580,14 @@ class AcceleratorState:
         For the free functions Accelerate defines as following the state, with no argument to be given it
         (``get_mixed_precision_context_manager``, ``GatheredParameters``, ``deepspeed_required``); hasten's own
         rooms are given what they need instead."""
-        partial = cls._shared_state.get("_partial")
-        return cls() if partial is not None and partial.__dict__ else None
+        return cls() if cls._exists() else None
 
     @classmethod
     def joined_run(cls) -> dict:
         """What a second Accelerator created in this process joins, as the reference's reads its state: the
         precision (None without a state), the plugins (None each without one) and the name of the selected
         DeepSpeed plugin (None unless several are named)."""
-        partial = cls._shared_state.get("_partial")
-        shared = cls._shared_state if partial is not None and partial.__dict__ else {}  # none, or reset: a new run
+        shared = cls._shared_state if cls._exists() else {}  # none, or reset: a new run
         run = shared.get("_run")
         views = run.state_views() if run is not None else {}
         plugins = {name: views.get(name, shared.get(f"_given_{name}"))
@@ -688,9 +692,9 @@ class AcceleratorState:
         if run is not None:
             run.select_deepspeed_plugin(name)  # the strategy builds the next engine with it, and flags it
             return
-        for plugin in plugins.values():  # plugins of a state no Accelerator runs: only their flags say which
-            plugin._unselect()
-        plugins[name].select(_from_accelerator_state=True)
+        from .config.deepspeed import mark_selected
+
+        mark_selected(plugins, name)  # plugins of a state no Accelerator runs: only their flags say which
 
     # ------------------------------------------------------------------ the process (PartialState's answers)
     @property

@@ -465,6 +465,13 @@ class DeepSpeedCheckpointFormat:
                        load_kwargs: Optional[dict] = None) -> dict:
         """The optimizer's full state rebuilt from the engine's partitions, by position for the parameters
         ``names()`` lists (the prepared optimizer's, per group)."""
-        _, state = read_deepspeed_checkpoint(path, with_optimizer=True)
+        return self.read_weights_and_optimizer(path, names)[1]
+
+    def read_weights_and_optimizer(self, path: Path, names: Optional[Callable[[], list]]) -> tuple:
+        """``(weights, optimizer state)`` rebuilt in one read of the partitions; the optimizer's by position for the
+        parameters ``names()`` lists, or None when ``names`` is None (no optimizer wanted)."""
+        weights, state = read_deepspeed_checkpoint(path, with_optimizer=names is not None)
+        if state is None:
+            return weights, None
         named = by_name(state, deepspeed_parameter_names(path))
-        return by_position(named, names(), state["param_groups"])
+        return weights, by_position(named, names(), state["param_groups"])

@@ -43,20 +43,16 @@ __all__ = ["LoadedState", "read_full_state", "apply_full_state", "model_location
 logger = logging.getLogger(__name__)
 
 
-def _model_location(folder: Path, index: int) -> tuple:
-    """``(format, path)`` of model ``index``'s weights in ``folder``; an error when no format holds them."""
-    found = locate(folder, index, "model")
+def model_location(folder: Path, index: int) -> tuple[CheckpointFormat, Path]:
+    """``(format, path)``: where model ``index``'s weights are in ``folder``, and the format that reads them; an error
+    when no format holds them."""
+    found = locate(Path(folder), index, "model")
     if found is None:
         raise IncompleteCheckpointError(
             f"Checkpoint {folder} has no weights for model {index}: neither {FullStateFormat.model_file(index)} nor "
             f"{FullStateFormat.model_file(index, False)} exists. Load a checkpoint saved with the same prepared models."
         )
     return found
-
-
-def model_location(folder: Path, index: int) -> tuple[CheckpointFormat, Path]:
-    """``(format, path)``: where model ``index``'s weights are in ``folder``, and the format that reads them."""
-    return _model_location(Path(folder), index)
 
 
 def _require(folder: Path, name: str, what: str) -> Path:
@@ -101,7 +97,7 @@ class _Plan:
 
     def __init__(self, targets: CheckpointTargets, folder: Path, marker: Optional[dict], models: list):
         state = PartialState()
-        self.models = [_model_location(folder, index) for index in range(len(models))]  # (format, path) pairs
+        self.models = [model_location(folder, index) for index in range(len(models))]  # (format, path) pairs
         self.optimizers = [_optimizer_location(folder, i) for i in range(len(targets.optimizers))]
         self.schedulers = [_require(folder, FullStateFormat.scheduler_file(i), f"scheduler {i}")
                            for i in range(len(targets.schedulers))]

@@ -38,7 +38,7 @@ from .serialization import load as _torch_load
 if TYPE_CHECKING:
     from ..core.aliases import Device
 
-__all__ = ["SAFE_TYPES", "load_pickle_file", "load_safetensors_file", "UNSAFE_OPT_IN"]
+__all__ = ["SAFE_TYPES", "load_pickle_file", "load_safetensors_file", "UNSAFE_OPT_IN", "wants_weights_only"]
 
 #: Standard-library value types a checkpoint may contain beyond what ``weights_only`` accepts by itself.
 SAFE_TYPES = (datetime.datetime, datetime.date, datetime.time, datetime.timedelta, datetime.timezone,
@@ -76,6 +76,12 @@ def _damaged(path: Path, what: str, error: Exception) -> CorruptCheckpointError:
         f"Cannot read {path.name} ({what}) in {path.parent}: the file is damaged or not a checkpoint file "
         f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). Load another checkpoint."
     )
+
+
+def wants_weights_only(load_kwargs: Optional[dict]) -> bool:
+    """Whether ``load_state``'s ``load_kwargs`` keep the safe default, ``weights_only=True`` (False: the caller
+    trusts the checkpoint and lets its pickles run code)."""
+    return bool((load_kwargs or {}).get("weights_only", True))
 
 
 def load_pickle_file(path: Union[str, os.PathLike], what: str,

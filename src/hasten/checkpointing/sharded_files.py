@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 from ..core.constants import FSDP_MODEL_NAME
 from .errors import CorruptCheckpointError
 from .optimizer_names import by_position
-from .safe_load import UNSAFE_OPT_IN, load_pickle_file
+from .safe_load import UNSAFE_OPT_IN, load_pickle_file, wants_weights_only
 
 __all__ = ["ShardedFormat", "is_sharded_folder", "model_weights_from_shards", "optimizer_state_from_shards"]
 
@@ -73,17 +73,13 @@ class ShardedFormat:
     def read_weights(self, path: Path, what: str, *, device: Any = "cpu", load_kwargs: Optional[dict] = None) -> Any:
         """The full weights of a DCP folder (on the CPU), or of a gathered file (on ``device``)."""
         if path.is_dir():
-            return model_weights_from_shards(path, weights_only=_weights_only(load_kwargs))
+            return model_weights_from_shards(path, weights_only=wants_weights_only(load_kwargs))
         return load_pickle_file(path, what, map_location=device, load_kwargs=load_kwargs)
 
     def read_optimizer(self, path: Path, what: str, names: Callable[[], list], *, device: Any = "cpu",
                        load_kwargs: Optional[dict] = None) -> dict:
         """The full optimizer state of a DCP folder, by position for the parameters ``names()`` lists."""
-        return optimizer_state_from_shards(path, names(), weights_only=_weights_only(load_kwargs))
-
-
-def _weights_only(load_kwargs: Optional[dict]) -> bool:
-    return bool((load_kwargs or {}).get("weights_only", True))
+        return optimizer_state_from_shards(path, names(), weights_only=wants_weights_only(load_kwargs))
 
 
 def is_sharded_folder(path: Path) -> bool:

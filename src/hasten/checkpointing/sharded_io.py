@@ -23,7 +23,7 @@ from .checkpoint_io import Snapshot, take_snapshot, write_full_state
 from .errors import CheckpointError, IncompleteCheckpointError
 from .full_state_reader import LoadedState, apply_full_state, read_full_state
 from .safe_dcp import SafeFileSystemReader, SafeLoadPlanner
-from .safe_load import UNSAFE_OPT_IN
+from .safe_load import UNSAFE_OPT_IN, wants_weights_only
 from .sharded_files import ShardedFormat
 from .strategy_protocol import CheckpointingStrategy
 from .targets import CheckpointTargets
@@ -114,7 +114,7 @@ class ShardedCheckpointIO:
              load_kwargs: Optional[dict] = None, device: Device = "cpu", strict: bool = True) -> LoadedState:
         if not (folder / ShardedFormat.model_folder(0)).is_dir() and targets.models:
             return read_full_state(strategy, folder, marker, targets, load_kwargs, device, strict)  # full files
-        weights_only = bool((load_kwargs or {}).get("weights_only", True))  # False: a trusted checkpoint
+        weights_only = wants_weights_only(load_kwargs)
         targets.run_load_hooks(folder, strategy.unwrap)  # every model loads its shards
         rest = dataclasses.replace(targets, models=[], optimizers=[], load_hooks=[])
         loaded = read_full_state(strategy, folder, marker, rest, load_kwargs, device, strict)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import deepspeed
     import torch
 
-__all__ = ["HfDeepSpeedConfig", "DeepSpeedPlugin"]
+__all__ = ["HfDeepSpeedConfig", "DeepSpeedPlugin", "mark_selected"]
 
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
@@ -513,3 +513,10 @@ class DeepSpeedPlugin:
     def selected(self, value: bool) -> NoReturn:
         raise NotImplementedError("'selected' can only be set through AcceleratorState().select_deepspeed_plugin(key).")
 
+
+def mark_selected(plugins: Mapping[Optional[str], DeepSpeedPlugin], name: Optional[str]) -> None:
+    """Flag ``plugins[name]`` as the selected plugin and every other one as not (``DeepSpeedPlugin.selected``, which
+    scripts written for Accelerate read)."""
+    for plugin in plugins.values():
+        plugin._unselect()
+    plugins[name].select(_from_accelerator_state=True)

@@ -1,7 +1,8 @@
 """The strategy protocol: everything that differs between training backends, behind one interface.
 
 The ``Accelerator`` composes a strategy with the shared rooms (configuration, data, checkpointing) and never
-branches on the backend itself. A strategy owns:
+branches on the backend itself. A strategy is given the run's settings, its layout and the processes
+(``PartialState``: device, ranks), never the process-wide training state, and owns:
 
 - its **precision** (``create_precision``: autocast and the fp16 scaler by default; a backend with its own
   policy, such as FSDP2's ``MixedPrecisionPolicy`` or DeepSpeed's engine, returns its own object);
@@ -12,8 +13,8 @@ branches on the backend itself. A strategy owns:
 - **state dicts** (model, and optimizer given its model) and **checkpoint IO** (``checkpoint_io``: what is
   written inside the staging folder; the transaction around it is the same for every strategy).
 
-Adding a backend means adding one file here that overrides what the backend changes, and one entry in
-``strategies/__init__.py``'s selection table.
+Adding a backend means adding one folder under ``strategies/`` whose strategy overrides what the backend changes,
+and one row in ``_BACKENDS`` (``strategies/select.py``).
 """
 from __future__ import annotations
 

@@ -118,16 +118,10 @@ class DeepSpeedCheckpointIO(DeepSpeedCheckpointFormat):
         return EngineLoadedState(rest, loads)
 
     def _read_engine(self, strategy, folder: Path, tag: str, engine, optimizer) -> _EngineLoad:
-        from ...checkpointing.optimizer_names import by_name, by_position
-        from ...checkpointing.deepspeed_files import (
-            deepspeed_parameter_names,
-            is_deepspeed_checkpoint,
-            read_deepspeed_checkpoint,
-            read_deepspeed_layout,
-        )
+        from ...checkpointing.deepspeed_files import read_deepspeed_layout
 
         path = folder / tag
-        if not is_deepspeed_checkpoint(path):
+        if not self.recognises(path):
             raise IncompleteCheckpointError(f"Checkpoint {folder} has no DeepSpeed checkpoint {tag}/ for this engine: "
                                             "load a checkpoint saved with the same prepared models.")
         layout = read_deepspeed_layout(path)
@@ -136,11 +130,8 @@ class DeepSpeedCheckpointIO(DeepSpeedCheckpointFormat):
                 layout["world_size"] == partitions and layout.get("dtype") == _dtype_name(engine):
             _check_rank_files(path, layout)
             return _EngineLoad(engine, folder, tag, optimizer)
-        weights, optimizer_state = read_deepspeed_checkpoint(path, with_optimizer=optimizer is not None)
-        if optimizer_state is not None:
-            live_names = strategy.optimizer_parameter_names(engine, optimizer)
-            named = by_name(optimizer_state, deepspeed_parameter_names(path))
-            optimizer_state = by_position(named, live_names, optimizer_state["param_groups"])
+        names = (lambda: strategy.optimizer_parameter_names(engine, optimizer)) if optimizer is not None else None
+        weights, optimizer_state = self.read_weights_and_optimizer(path, names)
         return _EngineLoad(engine, folder, tag, optimizer, weights, optimizer_state)
 
     def apply(self, strategy: _EngineStrategy, loaded: Union[LoadedState, EngineLoadedState],

@@ -140,10 +140,10 @@ class DeepSpeedStrategy(Strategy):
         if name not in self.plugins:
             raise ValueError(f"No DeepSpeedPlugin is registered under {name!r}; the registered names are "
                              f"{sorted(map(str, self.plugins))}.")
+        from ...config.deepspeed import mark_selected
+
         self._selected = name
-        for plugin in self.plugins.values():
-            plugin._unselect()
-        self.plugins[name].select(_from_accelerator_state=True)
+        mark_selected(self.plugins, name)
 
     def selected_deepspeed_plugin(self) -> Optional[str]:
         return self._selected
