@@ -279,3 +279,30 @@ def test_two_processes_agree_to_fall_back_and_refuse_together(tmp_path):
 
     result = run_launch("check_checkpoint_hardening.py", tmp_path, num_processes=2, timeout=180)
     assert result.stdout.count("HARDENING OK") == 2, result.stdout
+
+
+def test_the_clean_up_leaves_the_folders_of_the_save_in_progress_and_a_lock_survives_a_clean_up(tmp_path, monkeypatch):
+    from hasten.checkpointing.atomic import SaveLock
+    from hasten.checkpointing.rotation import remove_stale_staging
+
+    claimed = tmp_path / ".checkpoint_2.process_1.incomplete"  # process 1, between its mkdir and its lock file
+    killed = tmp_path / ".checkpoint_1.process_1.incomplete"  # left by a killed save, no lock
+    for folder in (claimed, killed):
+        folder.mkdir()
+    remove_stale_staging(tmp_path, saving="checkpoint_2")
+    assert claimed.is_dir() and not killed.exists()
+
+    opened = os.open
+    lock = SaveLock(tmp_path / "checkpoint_3", tmp_path / ".checkpoint_3.incomplete")
+
+    def removed_once_created(path, *args, **kwargs):  # a clean-up that read "no lock" just before the lock was made
+        descriptor = opened(path, *args, **kwargs)
+        if str(path) == str(lock.path) and not removed:
+            removed.append(path)
+            shutil.rmtree(lock.staging)
+        return descriptor
+
+    removed = []
+    monkeypatch.setattr(os, "open", removed_once_created)
+    lock.acquire()
+    assert removed and lock.held and json.loads(lock.path.read_text())["pid"] == os.getpid()

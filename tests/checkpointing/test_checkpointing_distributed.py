@@ -19,8 +19,9 @@ def test_a_run_stopped_mid_epoch_resumes_bitwise_exactly_in_a_new_process_run(tm
 def test_a_job_killed_mid_save_is_restarted_from_the_newest_complete_checkpoint(tmp_path):
     result = run_launch("check_checkpoint_auto_resume.py", tmp_path, num_processes=2,
                         launch_args=("--max_restarts", "1"), timeout=300)
-    assert "process 1 dies while .checkpoint_2.process_1.incomplete is being written" in result.stdout
-    assert "check_checkpoint_auto_resume OK after 1 restart" in result.stdout
+    shown = f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr[-6000:]}"
+    assert "process 1 dies while .checkpoint_2.process_1.incomplete is being written" in result.stdout, shown
+    assert "check_checkpoint_auto_resume OK after 1 restart" in result.stdout, shown
 
 
 @pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="needs the `reference` extra")

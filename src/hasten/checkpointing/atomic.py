@@ -38,18 +38,18 @@ from .serialization import fsync_file  # the one implementation, shared with has
 __all__ = ["staging_folder", "replaced_folder", "fsync_file", "fsync_folder", "write_marker", "read_marker",
            "verify_complete", "start_content_check", "content_changed", "is_complete", "swap_into_place",
            "recover_interrupted_swap", "remove_folder", "files_of", "MARKER_FORMAT", "SaveLock", "LOCK_NAME",
-           "lock_holder_alive", "read_lock"]
+           "lock_holder_alive", "read_lock", "STAGING_SUFFIX"]
 
 MARKER_FORMAT = 1
 LOCK_NAME = ".hasten_lock"  # the save in progress (SaveLock, below)
-_STAGING_SUFFIX = ".incomplete"
+STAGING_SUFFIX = ".incomplete"
 _REPLACED_SUFFIX = ".replaced"
 _DELETING_SUFFIX = ".deleting"
 
 
 def staging_folder(final: Path) -> Path:
     """The hidden folder a save into ``final`` writes to first."""
-    return final.parent / f".{final.name}{_STAGING_SUFFIX}"
+    return final.parent / f".{final.name}{STAGING_SUFFIX}"
 
 
 def replaced_folder(final: Path) -> Path:
@@ -58,7 +58,7 @@ def replaced_folder(final: Path) -> Path:
 
 
 def is_staging_name(name: str) -> bool:
-    return name.startswith(".") and name.endswith((_STAGING_SUFFIX, _REPLACED_SUFFIX, _DELETING_SUFFIX))
+    return name.startswith(".") and name.endswith((STAGING_SUFFIX, _REPLACED_SUFFIX, _DELETING_SUFFIX))
 
 
 # ----------------------------------------------------------------------------- flushing
@@ -319,8 +319,12 @@ class SaveLock:
                 continue  # the folder was removed in between
             with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
                 handle.write(record)
+            try:
+                entries = os.listdir(self.staging)
+            except FileNotFoundError:
+                continue  # removed with the new lock in it (a clean-up that found it before the lock): again
             self.held = True
-            for entry in os.listdir(self.staging):  # what a killed save left behind
+            for entry in entries:  # what a killed save left behind
                 if entry != LOCK_NAME:
                     target = self.staging / entry
                     shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()

@@ -22,7 +22,7 @@ from .atomic import is_complete, is_staging_name, remove_folder
 from .errors import CheckpointNotFoundError
 from .contributions import missing_processes
 from .layout import CHECKPOINTS_FOLDER, automatic_folder, automatic_iteration
-from .atomic import LOCK_NAME, lock_holder_alive, read_lock
+from .atomic import LOCK_NAME, STAGING_SUFFIX, lock_holder_alive, read_lock
 
 if TYPE_CHECKING:
     from ..config.project import ProjectConfiguration
@@ -122,14 +122,21 @@ def enforce_total_limit(root: Union[str, os.PathLike], total_limit: Optional[int
     return doomed
 
 
-def remove_stale_staging(root: Union[str, os.PathLike]) -> None:
-    """Delete what killed saves left in ``root`` (unfinished staging folders, half-deleted checkpoints)."""
+def remove_stale_staging(root: Union[str, os.PathLike], saving: Optional[str] = None) -> None:
+    """Delete what killed saves left in ``root`` (unfinished staging folders, half-deleted checkpoints).
+
+    The staging folders of ``saving`` (the checkpoint being written now) are left to their owners: the other
+    processes create theirs while this runs, and a folder between its creation and its lock file would look stale.
+    Each owner's ``SaveLock`` takes over a stale one of its own."""
     root = Path(root)
     if not root.is_dir():
         return
     for entry in os.listdir(root):
         name = re.sub(r"\.process_\d+$", "", entry.lstrip(".").rsplit(".", 1)[0])  # a process's own (contributions.py)
-        if is_staging_name(entry) and automatic_iteration(name) is not None:
-            if lock_holder_alive(read_lock(root / entry / LOCK_NAME)):
-                continue  # another job is saving that checkpoint right now
-            shutil.rmtree(root / entry, ignore_errors=True)
+        if not is_staging_name(entry) or automatic_iteration(name) is None:
+            continue
+        if name == saving and entry.endswith(STAGING_SUFFIX):
+            continue  # this save's own, or one another process is claiming right now
+        if lock_holder_alive(read_lock(root / entry / LOCK_NAME)):
+            continue  # another job is saving that checkpoint right now
+        shutil.rmtree(root / entry, ignore_errors=True)

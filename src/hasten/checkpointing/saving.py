@@ -124,7 +124,7 @@ def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool,
                         lambda: writing.copy(strategy.collect_checkpoint(targets, options)), processes=processes)
     if automatic:
         together("cleaning the checkpoints folder",
-                 lambda: remove_stale_staging(folder.parent)
+                 lambda: remove_stale_staging(folder.parent, saving=folder.name)
                  if (state.is_local_main_process if project.save_on_each_node else state.is_main_process) else None,
                  processes=processes)
     transaction = SaveTransaction(folder, save_on_each_node=project.save_on_each_node, processes=processes)
