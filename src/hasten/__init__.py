@@ -29,6 +29,7 @@ _EXPORTS = build_table({
     "hasten.logging": ["get_logger"],
     "hasten.launchers": ["notebook_launcher", "debug_launcher"],
     "hasten.checkpointing": ["auto_resume"],
+    "hasten.planning.planner": ["plan"],
     "hasten.inference": ["prepare_pippy"],
     "hasten.parallel.config": ["ParallelismConfig"],
     "hasten.config.deepspeed": ["DeepSpeedPlugin"],

@@ -41,7 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="estimate the memory a model needs to load and train",
         description="Build a model on the meta device (no weights allocated or downloaded; a Hub model's config "
                     "is fetched) and print, per dtype, the size of its largest layer, its total size and what "
-                    "training it with Adam needs.",
+                    "training it with Adam needs. For the memory per rank of a training run under DDP, FSDP, "
+                    "ZeRO or tensor parallelism, activations included, use `hasten plan`.",
     )
     parser.add_argument("model_name", metavar="model",
                         help="`package.module:Class`, `path/to/file.py:Class` (a class or a function "
@@ -323,7 +324,9 @@ def _from_transformers_config(path: str, config: dict, kwargs: dict, trust_remot
     except ImportError as error:
         raise CommandError(str(error)) from None
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    auto_config = _load_transformers_config(transformers, folder, config, kwargs, trust_remote_code)
+    from hasten.planning.model_source import load_transformers_config
+
+    auto_config = load_transformers_config(transformers, folder, config, kwargs, trust_remote_code)
     architectures = config.get("architectures") or []
     model_class = getattr(transformers, str(architectures[0]), None) if architectures else None
     if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
@@ -334,37 +337,6 @@ def _from_transformers_config(path: str, config: dict, kwargs: dict, trust_remot
         else:
             model = transformers.AutoModel.from_config(auto_config, trust_remote_code=trust_remote_code)
     return _checked_module(model, path)
-
-
-def _unresolved_dtypes(config: dict) -> dict:
-    """``{"torch_dtype": None}`` / ``{"dtype": None}`` for each of a Transformers config's dtype keys whose value
-    names no torch dtype (``"auto"``: "the checkpoint's"), which Transformers cannot read a config with."""
-    import torch
-
-    def unresolved(value) -> bool:
-        return isinstance(value, str) and not isinstance(getattr(torch, value.replace("torch.", ""), None), torch.dtype)
-
-    return {key: None for key in ("torch_dtype", "dtype") if unresolved(config.get(key))}
-
-
-def _load_transformers_config(transformers, folder: str, config: dict, kwargs: dict, trust_remote_code: bool):
-    """The folder's ``AutoConfig`` with ``kwargs`` applied. A dtype naming no torch dtype (``"auto"``) is unset, so
-    the model is built in the default dtype: the figures do not depend on it, each row converting every floating
-    tensor to its own dtype."""
-    import logging
-
-    overrides = _unresolved_dtypes({**(config if isinstance(config, dict) else {}), **kwargs})
-    # unsetting "torch_dtype" makes Transformers 5 warn that the name is deprecated: the user did not write it
-    config_logger = logging.getLogger("transformers.configuration_utils")
-    level = config_logger.level
-    if overrides:
-        config_logger.setLevel(logging.ERROR)
-    try:
-        # trust_remote_code is always passed: False keeps the folder's own modeling files (auto_map) from running
-        return transformers.AutoConfig.from_pretrained(
-            folder, local_files_only=True, **{**kwargs, **overrides, "trust_remote_code": trust_remote_code})
-    finally:
-        config_logger.setLevel(level)
 
 
 def _checked_module(model, spec: str):

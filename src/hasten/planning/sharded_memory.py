@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from .step_memory import MemoryBreakdown, check_step_arguments, default_loss, run_steps
-from .torch_tools import fake_store, peak_by_category, sharded_memory_tracker
+from .step_memory import MemoryBreakdown, check_step_arguments, default_loss, highest, run_steps
+from .torch_tools import fake_store, sharded_memory_tracker
 
 __all__ = ["fsdp2_step_memory"]
 
@@ -44,11 +44,12 @@ def _fake_process_group(world_size: int):
 def fsdp2_step_memory(build_model: Callable[[], nn.Module], make_batch: Callable[[], Any], *, world_size: int,
                       fsdp_plugin: Any = None, optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
                       optimizer_kwargs: Optional[dict] = None, mixed_precision: str = "no", steps: int = 3,
-                      fake: bool = True, loss: Callable[[Any], torch.Tensor] = default_loss) -> MemoryBreakdown:
+                      fake: bool = True, loss: Callable[[Any], torch.Tensor] = default_loss,
+                      micro_batches: int = 1, by_phase: bool = False) -> Any:
     """Rank 0's peak memory of ``steps`` training steps with the model sharded by FSDP2 over ``world_size`` ranks
     (the ranks of a full shard hold the same amounts). ``fsdp_plugin``: a ``FullyShardedDataParallelPlugin`` (its
-    wrap policy, ``reshard_after_forward``, mixed precision policy); default: the plugin ``prepare()`` uses without
-    one. The other arguments are ``training_step_memory``'s."""
+    wrap policy, ``reshard_after_forward``, mixed precision policy, ``activation_checkpointing`` of each unit);
+    default: the plugin ``prepare()`` uses without one. The other arguments are ``training_step_memory``'s."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from ..config.fsdp import FullyShardedDataParallelPlugin
@@ -68,8 +69,9 @@ def fsdp2_step_memory(build_model: Callable[[], nn.Module], make_batch: Callable
         mesh = init_device_mesh("cpu", (world_size,))  # real tensors: the mesh's own collectives need values
         with tensors:
             model = shard_in_units(build_model(), plugin, mesh=mesh, mixed_precision=mixed_precision,
-                                   device=torch.device("cpu"), is_main_process=True)
+                                   device=torch.device("cpu"), is_main_process=True, checkpoint_units=True)
             optim = optimizer(model.parameters(), **(optimizer_kwargs or {}))
             tracker = sharded_memory_tracker(model, optim)
-            run_steps(model, optim, tracker, make_batch, mixed_precision=mixed_precision, steps=steps, loss=loss)
-    return MemoryBreakdown(**peak_by_category(tracker))
+            phases = run_steps(model, optim, tracker, make_batch, mixed_precision=mixed_precision, steps=steps,
+                               loss=loss, micro_batches=micro_batches)
+    return phases if by_phase else highest(phases)

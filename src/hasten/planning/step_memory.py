@@ -23,7 +23,8 @@ from torch import nn
 
 from .torch_tools import memory_tracker, peak_by_category
 
-__all__ = ["MemoryBreakdown", "training_step_memory", "run_steps", "check_step_arguments", "default_loss"]
+__all__ = ["MemoryBreakdown", "training_step_memory", "run_steps", "highest", "check_step_arguments",
+           "default_loss"]
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -73,13 +74,16 @@ def _call(model: nn.Module, batch: Any) -> Any:
 def training_step_memory(build_model: Callable[[], nn.Module], make_batch: Callable[[], Any], *,
                          optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
                          optimizer_kwargs: Optional[dict] = None, mixed_precision: str = "no", steps: int = 3,
-                         fake: bool = True, loss: Callable[[Any], torch.Tensor] = default_loss) -> MemoryBreakdown:
-    """The peak memory of ``steps`` training steps on the CPU, by category.
+                         fake: bool = True, loss: Callable[[Any], torch.Tensor] = default_loss,
+                         micro_batches: int = 1, by_phase: bool = False) -> Any:
+    """The peak memory of ``steps`` training steps on the CPU, by category (with ``by_phase``, a dict of the peak
+    of each phase: ``run_steps``).
 
     ``build_model()`` returns the model (built inside the fake mode when ``fake``), ``make_batch()`` one batch (a
     dict of keyword arguments, a tuple of positional ones, or one tensor), ``optimizer`` the optimizer class (or any
     callable taking the parameters and ``optimizer_kwargs``), ``mixed_precision`` ``"no"``, ``"bf16"`` or ``"fp16"``
-    (the forward under autocast, the weights and optimizer state in their own dtype), ``loss(output)`` the loss.
+    (the forward under autocast, the weights and optimizer state in their own dtype), ``loss(output)`` the loss,
+    ``micro_batches`` the forwards and backwards whose gradients accumulate before each optimizer step.
     """
     check_step_arguments(mixed_precision, steps)
     mode = contextlib.nullcontext()
@@ -92,8 +96,9 @@ def training_step_memory(build_model: Callable[[], nn.Module], make_batch: Calla
         optim = optimizer(model.parameters(), **(optimizer_kwargs or {}))
         tracker = memory_tracker()
         tracker.track_external(model, optim)
-        run_steps(model, optim, tracker, make_batch, mixed_precision=mixed_precision, steps=steps, loss=loss)
-    return MemoryBreakdown(**peak_by_category(tracker))
+        phases = run_steps(model, optim, tracker, make_batch, mixed_precision=mixed_precision, steps=steps,
+                           loss=loss, micro_batches=micro_batches)
+    return phases if by_phase else highest(phases)
 
 
 def check_step_arguments(mixed_precision: str, steps: int) -> None:
@@ -105,19 +110,39 @@ def check_step_arguments(mixed_precision: str, steps: int) -> None:
 
 
 def run_steps(model: nn.Module, optim: torch.optim.Optimizer, tracker: Any, make_batch: Callable[[], Any], *,
-              mixed_precision: str, steps: int, loss: Callable[[Any], torch.Tensor] = default_loss) -> None:
-    """``steps`` training steps of ``model`` under ``tracker`` (forward under autocast for ``"bf16"`` / ``"fp16"``,
-    backward, optimizer step, ``zero_grad``); the tracker keeps the peak across them."""
-    with tracker:
-        for step in range(steps):
-            batch = make_batch()
-            autocast = (torch.autocast("cpu", dtype=_AUTOCAST[mixed_precision]) if mixed_precision != "no"
-                        else contextlib.nullcontext())
-            with autocast:
-                output = _call(model, batch)
-            loss(output).backward()
+              mixed_precision: str, steps: int, loss: Callable[[Any], torch.Tensor] = default_loss,
+              micro_batches: int = 1) -> dict[str, MemoryBreakdown]:
+    """``steps`` training steps of ``model`` under ``tracker`` (``micro_batches`` forwards under autocast for
+    ``"bf16"`` / ``"fp16"`` and backwards, the gradients accumulating, then the optimizer step and ``zero_grad``).
+    Returns the peak of each phase over the steps, ``{"forward_backward": ..., "optimizer": ...}``: the tracker is
+    entered once per phase (entering starts a new peak), so that each phase's parts can be scaled on their own."""
+    phases: dict[str, MemoryBreakdown] = {}
+
+    def keep(phase: str) -> None:
+        found = MemoryBreakdown(**peak_by_category(tracker))
+        if phase not in phases or found.peak > phases[phase].peak:
+            phases[phase] = found
+
+    for step in range(steps):
+        with tracker:
+            for _ in range(micro_batches):
+                batch = make_batch()
+                autocast = (torch.autocast("cpu", dtype=_AUTOCAST[mixed_precision]) if mixed_precision != "no"
+                            else contextlib.nullcontext())
+                with autocast:
+                    output = _call(model, batch)
+                loss(output).backward()
+                del batch, output
+        keep("forward_backward")
+        with tracker:
             optim.step()
             optim.zero_grad()
-            del batch, output
-            if step < steps - 1:
-                tracker.reset_mod_stats()  # the tracker's per-module records are per step; the peak is kept
+        keep("optimizer")
+        if step < steps - 1:
+            tracker.reset_mod_stats()  # the tracker's per-module records are per step
+    return phases
+
+
+def highest(phases: dict[str, MemoryBreakdown]) -> MemoryBreakdown:
+    """The phase whose peak is highest: the peak of the steps."""
+    return max(phases.values(), key=lambda phase: phase.peak)
