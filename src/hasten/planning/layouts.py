@@ -81,7 +81,8 @@ def candidate_layouts(processes: int, machines: int = 1, families: Optional[Sequ
     cp_degrees = list(cp_sizes) if cp_sizes else default_degrees
     for degree in (*tp_degrees, *cp_degrees):
         if not isinstance(degree, int) or degree < 2:
-            raise PlanInputError(f"A tensor- or context-parallel degree must be a number of at least 2, got {degree!r}.")
+            raise PlanInputError(f"A tensor- or context-parallel degree must be a number of at least 2, "
+                                 f"got {degree!r}.")
     layouts: list[Layout] = []
     for family in FAMILIES:
         if family not in chosen:

@@ -4,10 +4,11 @@
 ``load_transformers_config``: nothing named in the folder runs without ``trust_remote_code``); ``factory_source``
 wraps the user's own function returning an ``nn.Module``. A ``ModelSource`` answers what the planner needs to know:
 
-- ``build(layers, narrowed_by, dtype)``: the model, its weights in ``dtype``, with ``layers`` repeated blocks (the planner traces two small counts and
-  scales, so a model of any depth plans in seconds) and, with ``narrowed_by=t``, the attention heads and the MLP's
-  inner width divided by ``t``: what one rank of a ``t``-way tensor-parallel run computes (hidden size and head size
-  kept, so the replicated parts and the all-reduced outputs stay full size);
+- ``build(layers, narrowed_by, dtype)``: the model, its weights in ``dtype``, with ``layers`` repeated blocks (the
+  planner traces two small counts and scales, so a model of any depth plans in seconds) and, with
+  ``narrowed_by=t``, the attention heads and the MLP's inner width divided by ``t``: what one rank of a ``t``-way
+  tensor-parallel run computes (hidden size and head size kept, so the replicated parts and the all-reduced outputs
+  stay full size);
 - ``batch(micro_batch_size, seq_len)``: a training batch of that shape;
 - the shapes that decide which layouts can exist (layers, heads, key/value heads, maximum positions).
 """
@@ -61,10 +62,11 @@ def _unresolved_dtypes(config: dict) -> dict:
     return {key: None for key in ("torch_dtype", "dtype") if unresolved(config.get(key))}
 
 
-def load_transformers_config(transformers: Any, folder: str, config: dict, kwargs: dict, trust_remote_code: bool) -> Any:
-    """The local folder's ``AutoConfig`` with ``kwargs`` applied (``estimate-memory`` and the plan read configs
-    here). A dtype naming no torch dtype (``"auto"``) is unset. ``trust_remote_code`` is always passed to
-    Transformers: False keeps the folder's own modeling files (``auto_map``) from running."""
+def load_transformers_config(transformers: Any, folder: str, config: dict, kwargs: dict,
+                             trust_remote_code: bool) -> Any:
+    """The local folder's (or config file's) ``AutoConfig`` with ``kwargs`` applied (``estimate-memory`` and the
+    plan read configs here). A dtype naming no torch dtype (``"auto"``) is unset. ``trust_remote_code`` is always
+    passed to Transformers: False keeps the folder's own modeling files (``auto_map``) from running."""
     overrides = _unresolved_dtypes({**(config if isinstance(config, dict) else {}), **kwargs})
     # unsetting "torch_dtype" makes Transformers 5 warn that the name is deprecated: the user did not write it
     config_logger = logging.getLogger("transformers.configuration_utils")

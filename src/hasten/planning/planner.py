@@ -86,7 +86,8 @@ class PlanRow:
                     "every_rank_loading": self.host_per_machine_every_rank_loading},
                 "micro_batch_size": self.micro_batch_size,
                 "activation_checkpointing": self.activation_checkpointing if self.memory is not None else None,
-                "step_seconds": self.step_seconds, "tokens_per_second": self.tokens_per_second, "note": (self.memory.note or None) if self.memory else None,
+                "step_seconds": self.step_seconds, "tokens_per_second": self.tokens_per_second,
+                "note": (self.memory.note or None) if self.memory else None,
                 "processes": self.layout.processes, "machines": self.layout.machines,
                 "tp_size": self.layout.tp, "cp_size": self.layout.cp, "zero_stage": self.layout.zero_stage}
 

@@ -14,7 +14,7 @@ process that already has one (plan before the Accelerator is created, or in a pr
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -45,7 +45,8 @@ def fsdp2_step_memory(build_model: Callable[[], nn.Module], make_batch: Callable
                       fsdp_plugin: Any = None, optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
                       optimizer_kwargs: Optional[dict] = None, mixed_precision: str = "no", steps: int = 3,
                       fake: bool = True, loss: Callable[[Any], torch.Tensor] = default_loss,
-                      micro_batches: int = 1, by_phase: bool = False) -> Any:
+                      micro_batches: int = 1,
+                      by_phase: bool = False) -> Union[MemoryBreakdown, dict[str, MemoryBreakdown]]:
     """Rank 0's peak memory of ``steps`` training steps with the model sharded by FSDP2 over ``world_size`` ranks
     (the ranks of a full shard hold the same amounts). ``fsdp_plugin``: a ``FullyShardedDataParallelPlugin`` (its
     wrap policy, ``reshard_after_forward``, mixed precision policy, ``activation_checkpointing`` of each unit);

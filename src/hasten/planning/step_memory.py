@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -75,7 +75,8 @@ def training_step_memory(build_model: Callable[[], nn.Module], make_batch: Calla
                          optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
                          optimizer_kwargs: Optional[dict] = None, mixed_precision: str = "no", steps: int = 3,
                          fake: bool = True, loss: Callable[[Any], torch.Tensor] = default_loss,
-                         micro_batches: int = 1, by_phase: bool = False) -> Any:
+                         micro_batches: int = 1,
+                         by_phase: bool = False) -> Union[MemoryBreakdown, dict[str, MemoryBreakdown]]:
     """The peak memory of ``steps`` training steps on the CPU, by category (with ``by_phase``, a dict of the peak
     of each phase: ``run_steps``).
 

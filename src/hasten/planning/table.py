@@ -52,7 +52,8 @@ def plan_table(plan: _Planned) -> str:
               for i, column in enumerate(_COLUMNS)]
     header = "  ".join(column.ljust(width) for column, width in zip(_COLUMNS, widths))
     out = [f"{plan.model}: seq_len {plan.shape.seq_len}, {plan.shape.mixed_precision}, {plan.shape.optimizer}, "
-           f"gradient accumulation {plan.shape.gradient_accumulation_steps}; budget {_gib(plan.budget)} {unit_name} per "
+           f"gradient accumulation {plan.shape.gradient_accumulation_steps}; "
+           f"budget {_gib(plan.budget)} {unit_name} per "
            f"device (sizes in {unit_name} per rank; host: rank-0 loading / every rank loading, per machine)", header,
            "-" * len(header)]
     for line in lines:

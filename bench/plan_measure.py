@@ -1,0 +1,131 @@
+"""Launched by bench_plan.py (``hasten launch -n N bench/plan_measure.py CASES.json OUT.json``): each case trained
+for real through hasten's ``Accelerator`` on this job's gloo processes, and each rank's peak of live tensor memory
+measured over the first three optimizer steps.
+
+The measure is a dispatch mode that sees every tensor storage PyTorch's operators create on this thread (the model's
+weights included: it is entered before the model is built) and counts its bytes until the storage is freed: the
+quantity a GPU's ``max_memory_allocated`` counts, less the allocator's rounding, and independent of the device.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import weakref
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plan_models import build_model, make_batch  # noqa: E402
+
+
+class LiveStorage(TorchDispatchMode):
+    """Bytes of the tensor storages alive now, and the most alive at once (``peak``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+
+    def _free(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        if getattr(tensor, "is_fake", False) or tensor.device.type == "meta":
+            return
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key = storage._cdata
+        if key in self.live:
+            return
+        self.live[key] = storage.nbytes()
+        self.current += self.live[key]
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._free, key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self._track(leaf)
+        return out
+
+
+def _accelerator(case: dict):
+    from hasten import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
+
+    layout = case["layout"]
+    precision = case["precision"]
+    if layout.startswith("fsdp2"):
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap"
+                                                if case["blocks"] else None,
+                                                transformer_cls_names_to_wrap=case["blocks"] or None,
+                                                activation_checkpointing=case["ac"])
+        return Accelerator(mixed_precision=precision, fsdp_plugin=plugin)
+    if layout.startswith("zero"):
+        plugin = DeepSpeedPlugin(zero_stage=int(layout[4]), gradient_accumulation_steps=1)
+        return Accelerator(mixed_precision=precision, deepspeed_plugin=plugin)
+    return Accelerator(mixed_precision=precision)
+
+
+def measure(case: dict) -> int:
+    from hasten.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    torch.manual_seed(0)
+    tracker = LiveStorage()
+    with tracker:
+        accelerator = _accelerator(case)
+        model = build_model(case["model"])
+        if case["ac"] and not case["layout"].startswith("fsdp2"):
+            from hasten.config.fsdp import FullyShardedDataParallelPlugin
+            from hasten.strategies.fsdp.wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
+
+            plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                                    transformer_cls_names_to_wrap=case["blocks"])
+            apply_activation_checkpointing(model, wrap_units(model, wrap_policy(model, plugin)))
+        foreach = {} if case["layout"].startswith("fsdp2") else {"foreach": True}
+        optimizer = torch.optim.AdamW(model.parameters(), **foreach)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        for _ in range(3):
+            batch = make_batch(case["model"], case["mb"], case["seq_len"])
+            with accelerator.autocast():
+                output = model(**batch) if isinstance(batch, dict) else model(batch)
+            loss = output.loss if hasattr(output, "loss") else output.float().sum()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            del batch, output, loss
+        peak = tracker.peak
+        del model, optimizer
+        accelerator.free_memory()
+    return peak
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    from hasten.state import PartialState
+
+    cases = json.loads(Path(sys.argv[1]).read_text())
+    state = PartialState()
+    peaks = []
+    for case in cases:
+        peak = torch.tensor([measure(case)], dtype=torch.float64)
+        gathered = [torch.zeros_like(peak) for _ in range(state.num_processes)]
+        dist.all_gather(gathered, peak)
+        peaks.append(max(int(value.item()) for value in gathered))  # the highest rank's
+    if state.is_main_process:
+        Path(sys.argv[2]).write_text(json.dumps(peaks))
+    state.wait_for_everyone()
+    state.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
