@@ -14,7 +14,7 @@ import weakref
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -22,7 +22,8 @@ from plan_models import build_model, make_batch  # noqa: E402
 
 
 class LiveStorage(TorchDispatchMode):
-    """Bytes of the tensor storages alive now, and the most alive at once (``peak``)."""
+    """Bytes of the tensor storages alive now, and the most alive at once (``peak``). A storage resized in place
+    (FSDP frees a gathered parameter with ``storage.resize_(0)`` and gathers into it again) counts its new size."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -36,10 +37,22 @@ class LiveStorage(TorchDispatchMode):
     def _track(self, tensor: torch.Tensor) -> None:
         if getattr(tensor, "is_fake", False) or tensor.device.type == "meta":
             return
+        if is_traceable_wrapper_subclass(tensor):  # a DTensor: its memory is its local tensor's
+            attributes, _ = tensor.__tensor_flatten__()
+            for name in attributes:
+                inner = getattr(tensor, name)
+                if isinstance(inner, torch.Tensor):
+                    self._track(inner)
+            return
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return
+        try:
+            if storage.data_ptr() == 0:
+                return  # no memory: a wrapper subclass's (DTensor's) own storage, or an empty tensor
+        except RuntimeError:
+            return  # a wrapper subclass's storage that has no data at all
         key = storage._cdata
         if key in self.live:
             return
@@ -47,6 +60,30 @@ class LiveStorage(TorchDispatchMode):
         self.current += self.live[key]
         self.peak = max(self.peak, self.current)
         weakref.finalize(storage, self._free, key)
+
+    def _resized(self, storage: torch.UntypedStorage, size: int) -> None:
+        key = storage._cdata
+        if key in self.live:
+            self.current += size - self.live[key]
+            self.live[key] = size
+            self.peak = max(self.peak, self.current)
+
+    def __enter__(self):
+        original = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(storage, size):
+            result = original(storage, size)
+            tracker._resized(storage, int(size))
+            return result
+
+        self._original_resize = original
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._original_resize
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -69,6 +106,7 @@ def _accelerator(case: dict):
         return Accelerator(mixed_precision=precision, fsdp_plugin=plugin)
     if layout.startswith("zero"):
         plugin = DeepSpeedPlugin(zero_stage=int(layout[4]), gradient_accumulation_steps=1)
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = case["mb"]  # no loader is prepared
         return Accelerator(mixed_precision=precision, deepspeed_plugin=plugin)
     return Accelerator(mixed_precision=precision)
 

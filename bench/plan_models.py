@@ -34,14 +34,16 @@ def config(name: str):
 
     if name == "gpt2":
         return transformers.GPT2Config(n_embd=WIDTH, n_layer=LAYERS, n_head=4, vocab_size=VOCAB, n_positions=512,
-                                       bos_token_id=0, eos_token_id=0)
+                                       bos_token_id=0, eos_token_id=0, architectures=["GPT2LMHeadModel"])
     if name == "llama":
         return transformers.LlamaConfig(hidden_size=WIDTH, intermediate_size=4 * WIDTH, num_attention_heads=4,
                                         num_key_value_heads=2, num_hidden_layers=LAYERS, vocab_size=VOCAB,
-                                        max_position_embeddings=512, head_dim=WIDTH // 4)
+                                        max_position_embeddings=512, head_dim=WIDTH // 4,
+                                        architectures=["LlamaForCausalLM"])
     if name == "bert":
         return transformers.BertConfig(hidden_size=WIDTH, intermediate_size=4 * WIDTH, num_attention_heads=4,
-                                       num_hidden_layers=LAYERS, vocab_size=VOCAB, max_position_embeddings=512)
+                                       num_hidden_layers=LAYERS, vocab_size=VOCAB, max_position_embeddings=512,
+                                       architectures=["BertForMaskedLM"])
     raise ValueError(name)
 
 
@@ -63,4 +65,8 @@ def make_batch(name: str, micro_batch_size: int, seq_len: int):
 
 
 def blocks(name: str) -> list[str]:
-    return list(build_model(name)._no_split_modules or []) if name != "mlp" else ["Block"]
+    """FSDP's units, as the plan picks them (``Tracer.block_names``): the model's repeated no-split classes."""
+    model = build_model(name)
+    named = list(getattr(model, "_no_split_modules", None) or [])
+    repeated = [block for block in named if sum(type(m).__name__ == block for m in model.modules()) > 1]
+    return repeated or named

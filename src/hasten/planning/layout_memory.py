@@ -12,12 +12,14 @@ How each layout is modelled (docs/plan.md has the same list for users):
   at most a little padding).
 - ``tp``: the model narrowed to one rank's heads and MLP width (the replicated parts and the all-reduced outputs full
   size), plus DDP buckets across the replicas.
-- ``zero``: DeepSpeed's partitioning, counted: 16-bit weights and gradients and float32 master weights with the
-  optimizer state under mixed precision (float32 weights and gradients without), the optimizer state partitioned
-  from stage 1, gradients from stage 2, weights from stage 3 (with two blocks gathered: the one computing and the
-  one prefetched), the reduce bucket hasten's ``"auto"`` sizes (hidden x hidden elements, twice: overlapped
-  communication), and the activations and temporaries of a trace of the model in 16 bits. Offload moves the
-  optimizer's partition and its float32 gradients (and at stage 3 the weights) to host memory.
+- ``zero``: DeepSpeed's partitioning, counted per parameter (checked against DeepSpeed runs on gloo, bench_plan.py):
+  the weights and gradients in the run's dtype, and for this rank's partition a float32 copy, the optimizer state
+  and float32 gradients for the step; the partition is 1/N of the model from stage 1, the run-dtype gradients are
+  partitioned from stage 2 and the weights from stage 3 (where parameters under DeepSpeed's persistence threshold
+  stay whole, and two blocks are gathered: the one computing and the one prefetched); DeepSpeed's default gradient
+  bucket (500M elements, allocated whole); the activations and temporaries of a trace of the model in 16 bits under
+  mixed precision. Offload moves the partition's float32 copy, state and gradients (and at stage 3 with
+  ``+offload_all`` the weights) to host memory.
 """
 from __future__ import annotations
 
@@ -30,9 +32,14 @@ from .layouts import Layout
 from .step_memory import MemoryBreakdown
 from .traces import ADAM8BIT_STATE, StepShape, Tracer
 
-__all__ = ["RankMemory", "layout_memory", "ZERO_BUCKET_DEFAULT"]
+__all__ = ["RankMemory", "layout_memory", "ZERO_BUCKET_ELEMENTS", "ZERO3_PERSISTENCE_THRESHOLD"]
 
-ZERO_BUCKET_DEFAULT = 500_000_000  # DeepSpeed's reduce_bucket_size when the model names no hidden size
+#: DeepSpeed's defaults, which the config ``hasten plan --write_config`` writes runs with: the gradient bucket it
+#: allocates whole (elements, in the gradients' dtype) and the size under which ZeRO-3 keeps a parameter whole
+ZERO_BUCKET_ELEMENTS = 500_000_000
+ZERO3_PERSISTENCE_THRESHOLD = 100_000
+#: bytes of optimizer state per parameter of the float32 partition
+_STATE_PER_PARAMETER = {"adamw": 8, "adam": 8, "sgd": 0, "sgd_momentum": 4}
 _HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -59,35 +66,49 @@ def _plus_buckets(memory: MemoryBreakdown, replicas: int) -> MemoryBreakdown:
     return replace(memory, communication=memory.communication + memory.parameters)
 
 
+def _optimizer_state_per_parameter(tracer: Tracer) -> float:
+    """Bytes of optimizer state per parameter, as DeepSpeed holds it for its float32 partition."""
+    name = tracer.shape.optimizer
+    if name == "adam8bit":
+        return ADAM8BIT_STATE
+    if name in _STATE_PER_PARAMETER:
+        return _STATE_PER_PARAMETER[name]
+    full = tracer.single()
+    return full.optimizer_state / max(1, full.parameters // 4)  # traced (Adafactor's factored moments)
+
+
 def _zero(layout: Layout, tracer: Tracer, micro_batch: Optional[int]) -> RankMemory:
-    shape, source = tracer.shape, tracer.source
+    shape = tracer.shape
     full = tracer.single(micro_batch=micro_batch)
     numel = full.parameters // 4
     half = _HALF.get(shape.mixed_precision)
     width = 2 if half is not None else 4
     base = tracer.single(weights_dtype=half, micro_batch=micro_batch) if half is not None else full
     stage, shards = layout.zero_stage or 0, layout.processes
-    weights = gradients = numel * width
-    state = full.optimizer_state if shape.optimizer != "adam8bit" else round(numel * ADAM8BIT_STATE)
-    optimizer = state + (numel * 4 if half is not None else 0)  # float32 master weights under mixed precision
-    host = 0
-    if stage >= 1:
-        optimizer //= shards
-    if stage >= 2:
-        gradients //= shards
+    partition = numel / (shards if stage >= 1 else 1)
+    # the float32 copy of this rank's partition, its optimizer state, and its float32 gradients for the step
+    master = 4 * partition
+    optimizer = round(master + _optimizer_state_per_parameter(tracer) * partition)
+    float32_gradients = round(4 * partition)
     if stage >= 3:
-        weights //= shards
+        kept = tracer.parameter_count(below=ZERO3_PERSISTENCE_THRESHOLD)  # never partitioned: too small
+        weights = round(width * (kept + (numel - kept) / shards))
+        gradients = round(width * numel / shards) + float32_gradients
+        gathered = 2 * tracer.block_bytes() // 4 * width  # the block computing and the one prefetched
+    else:
+        weights = width * numel
+        gradients = (width * numel if stage < 2 else round(width * partition)) + float32_gradients
+        gathered = 0
+    host = 0
     if layout.offload_optimizer:
-        host += optimizer + numel * 4 // shards  # the partition's state and its float32 gradients
-        optimizer = 0
+        host += optimizer + float32_gradients
+        optimizer, gradients = 0, gradients - float32_gradients
     if layout.offload_parameters:
         host += weights
         weights = 0
-    bucket = min(numel, (source.hidden_size ** 2) if source.hidden_size else ZERO_BUCKET_DEFAULT) * width
-    gathered = 2 * tracer.block_bytes() // 4 * width if stage >= 3 else 0
     device = MemoryBreakdown(parameters=weights, buffers=base.buffers, gradients=gradients, optimizer_state=optimizer,
                              activations=base.activations, temporaries=base.temporaries, other=base.other,
-                             gathered_parameters=gathered, communication=2 * bucket)
+                             gathered_parameters=gathered, communication=ZERO_BUCKET_ELEMENTS * width)
     return RankMemory(device, host, "DeepSpeed's partitions counted; activations traced in 16 bits"
                       if half is not None else "DeepSpeed's partitions counted")
 

@@ -54,12 +54,13 @@ def fsdp2_step_memory(build_model: Callable[[], nn.Module], make_batch: Callable
     from torch.distributed.device_mesh import init_device_mesh
 
     from ..config.fsdp import FullyShardedDataParallelPlugin
-    from ..strategies.fsdp.fsdp2 import shard_in_units
+    from ..strategies.fsdp.fsdp2 import gather_in_run_precision, shard_in_units
 
     check_step_arguments(mixed_precision, steps)
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive number of processes, got {world_size!r}.")
     plugin = fsdp_plugin if fsdp_plugin is not None else FullyShardedDataParallelPlugin(fsdp_version=2)
+    gather_in_run_precision(plugin, mixed_precision)  # what FSDP2Strategy does with the run's precision
     group = _fake_process_group(world_size) if fake else contextlib.nullcontext()
     tensors = contextlib.nullcontext()
     if fake:

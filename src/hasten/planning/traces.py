@@ -162,13 +162,17 @@ class Tracer:
         return self._peak(("fsdp2", world, narrowed_by, length), micro_batch or shape.micro_batch_size, trace_at)
 
     def block_names(self) -> list[str]:
-        """The class names of the model's repeated blocks (``_no_split_modules``; empty when it names none)."""
+        """The class names of the model's repeated blocks: those of its ``_no_split_modules`` found more than once
+        (an embedding named there, whose weight a head may share, stays in the root unit); empty when it names
+        none."""
         if self._blocks is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
 
             with FakeTensorMode():
-                model = self.source.build(1 if self.source.layers else None, 1, torch.float32)
-            self._blocks = list(getattr(model, "_no_split_modules", None) or [])
+                model = self.source.build(2 if self.source.layers else None, 1, torch.float32)
+            named = list(getattr(model, "_no_split_modules", None) or [])
+            counts = {name: sum(type(module).__name__ == name for module in model.modules()) for name in named}
+            self._blocks = [name for name in named if counts[name] > 1] or named
         return list(self._blocks)
 
     def fsdp_plugin(self, checkpointing: bool) -> Any:
@@ -182,6 +186,21 @@ class Tracer:
         return FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
                                               transformer_cls_names_to_wrap=blocks,
                                               activation_checkpointing=checkpointing)
+
+    def parameter_count(self, below: Optional[int] = None) -> int:
+        """Parameters of the model at its depth (only those of tensors with fewer than ``below`` elements)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        def count(depth: Optional[int]) -> int:
+            with FakeTensorMode():
+                tensors = list(self.source.build(depth, 1, torch.float32).parameters())
+            return sum(p.numel() for p in tensors if below is None or p.numel() < below)
+
+        layers = self.source.layers
+        if layers is None or layers <= 3:
+            return count(None)
+        two, three = count(2), count(3)
+        return two + (three - two) * (layers - 2)
 
     def block_bytes(self) -> int:
         """Float32 bytes of one repeated block's parameters (the whole model's when its depth is fixed)."""

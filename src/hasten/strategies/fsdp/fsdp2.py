@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ...parallel import ParallelDims
     from ...state import PartialState
 
-__all__ = ["FSDP2Strategy"]
+__all__ = ["FSDP2Strategy", "gather_in_run_precision", "shard_in_units"]
 
 
 class FSDP2Strategy(Strategy):
@@ -54,9 +54,7 @@ class FSDP2Strategy(Strategy):
             raise ValueError(f"{type(self).__name__} runs fsdp_version={self.fsdp_version}, and the plugin asks for "
                              f"{self.plugin.fsdp_version}: select the strategy with strategies.select_strategy.")
         super().__init__(processes, settings, _sharded_layout(dims, processes.num_processes))
-        if self.plugin.mixed_precision_policy is None and self.settings.mixed_precision in ("fp16", "bf16"):
-            # as in the reference: the Accelerator's precision gathers the parameters and reduces the gradients
-            self.plugin.set_mixed_precision(self.settings.mixed_precision)
+        gather_in_run_precision(self.plugin, self.settings.mixed_precision)
         self.checkpoint_io = _checkpoint_io(self.plugin)
         self._optimizer_names: dict = {}  # id(optimizer) -> its parameters' names per group, as prepared
 
@@ -289,6 +287,13 @@ def _sharded_layout(dims, world_size: int):
     if dims is None or (dims.dp_shard == 1 and not dims.model_parallel):
         return ParallelDims(dp_shard=world_size, world_size=world_size)
     return dims
+
+
+def gather_in_run_precision(plugin: FullyShardedDataParallelPlugin, mixed_precision: Optional[str]) -> None:
+    """As in the reference: a plugin without a mixed-precision policy gathers the parameters and reduces the
+    gradients in the run's ``"fp16"`` / ``"bf16"`` (the plugin is changed in place). The planner applies it too."""
+    if plugin.mixed_precision_policy is None and mixed_precision in ("fp16", "bf16"):
+        plugin.set_mixed_precision(mixed_precision)
 
 
 def shard_in_units(model: nn.Module, plugin: FullyShardedDataParallelPlugin, *, mesh: Optional[DeviceMesh],
