@@ -54,7 +54,7 @@ def test_every_layout_gets_a_row_with_its_parts_or_the_reason_it_cannot_run(four
     assert fsdp2.gathered_parameters > 0 and fsdp2.peak < ddp.peak
     zero = {stage: rows[f"zero{stage}"].memory.device for stage in range(4)}
     assert zero[1].optimizer_state == pytest.approx(zero[0].optimizer_state / 4, abs=4)
-    assert zero[2].gradients < zero[1].gradients
+    assert zero[2].peak <= zero[1].peak <= zero[0].peak
     assert zero[3].parameters == zero[2].parameters  # every tensor under DeepSpeed's persistence threshold: whole
     assert zero[1].communication == 500_000_000 * 2  # DeepSpeed's default bucket, in bf16
     offload = rows["zero3+offload_all"]

@@ -83,32 +83,39 @@ def _zero(layout: Layout, tracer: Tracer, micro_batch: Optional[int]) -> RankMem
     numel = full.parameters // 4
     half = _HALF.get(shape.mixed_precision)
     width = 2 if half is not None else 4
-    base = tracer.single(weights_dtype=half, micro_batch=micro_batch) if half is not None else full
+    base = tracer.single_phases(weights_dtype=half, micro_batch=micro_batch)["forward_backward"]
     stage, shards = layout.zero_stage or 0, layout.processes
     partition = numel / (shards if stage >= 1 else 1)
     # the float32 copy of this rank's partition, its optimizer state, and its float32 gradients for the step
     master = 4 * partition
     optimizer = round(master + _optimizer_state_per_parameter(tracer) * partition)
     float32_gradients = round(4 * partition)
+    gradient_share = 1 / shards if stage >= 2 else 1  # of the run-dtype gradients
     if stage >= 3:
         kept = tracer.parameter_count(below=ZERO3_PERSISTENCE_THRESHOLD)  # never partitioned: too small
         weights = round(width * (kept + (numel - kept) / shards))
-        gradients = round(width * numel / shards) + float32_gradients
         gathered = 2 * tracer.block_bytes() // 4 * width  # the block computing and the one prefetched
     else:
         weights = width * numel
-        gradients = (width * numel if stage < 2 else round(width * partition)) + float32_gradients
         gathered = 0
     host = 0
     if layout.offload_optimizer:
         host += optimizer + float32_gradients
-        optimizer, gradients = 0, gradients - float32_gradients
+        optimizer = float32_gradients = 0
     if layout.offload_parameters:
         host += weights
         weights = 0
-    device = MemoryBreakdown(parameters=weights, buffers=base.buffers, gradients=gradients, optimizer_state=optimizer,
-                             activations=base.activations, temporaries=base.temporaries, other=base.other,
-                             gathered_parameters=gathered, communication=ZERO_BUCKET_ELEMENTS * width)
+    bucket = ZERO_BUCKET_ELEMENTS * width
+    # two moments can peak: the forward and backward (the traced activations and gradients present then), and the
+    # optimizer step (every gradient, and the partition's float32 gradients)
+    during_backward = MemoryBreakdown(
+        parameters=weights, buffers=base.buffers, gradients=round(base.gradients * gradient_share),
+        optimizer_state=optimizer, activations=base.activations, temporaries=base.temporaries, other=base.other,
+        gathered_parameters=gathered, communication=bucket)
+    during_step = MemoryBreakdown(
+        parameters=weights, buffers=base.buffers, gradients=round(width * numel * gradient_share) + float32_gradients,
+        optimizer_state=optimizer, activations=0, temporaries=0, other=0, gathered_parameters=0, communication=bucket)
+    device = max(during_backward, during_step, key=lambda memory: memory.peak)
     return RankMemory(device, host, "DeepSpeed's partitions counted; activations traced in 16 bits"
                       if half is not None else "DeepSpeed's partitions counted")
 

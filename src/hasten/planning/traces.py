@@ -113,24 +113,29 @@ class Tracer:
         small, larger = trace(2), trace(3)
         return {phase: extend(small[phase], larger[phase], 2, 3, layers) for phase in small}
 
-    def _peak(self, key: tuple, micro: int, trace_at: Callable[[int], Callable[[Optional[int]], dict]]
-              ) -> MemoryBreakdown:
-        """The peak at micro-batch ``micro``: traced, or, past 2 when searching, each phase on the line through
-        micro-batches 1 and 2; the highest phase is the peak (which phase peaks changes with depth and batch)."""
+    def _phases(self, key: tuple, micro: int, trace_at: Callable[[int], Callable[[Optional[int]], dict]]
+                ) -> dict[str, MemoryBreakdown]:
+        """Each phase's peak at micro-batch ``micro``: traced, or, past 2 when searching, on the line through
+        micro-batches 1 and 2. The highest phase is the step's peak (which one changes with depth and batch)."""
         def phases(size: int) -> dict[str, MemoryBreakdown]:
             if (*key, size) not in self._done:
                 self._done[(*key, size)] = self._at_depth(trace_at(size))
             return self._done[(*key, size)]
 
         if micro <= 2 or not self.search:
-            return highest(phases(micro))
+            return phases(micro)
         one, two = phases(1), phases(2)
-        return highest({phase: extend(one[phase], two[phase], 1, 2, micro) for phase in one})
+        return {phase: extend(one[phase], two[phase], 1, 2, micro) for phase in one}
 
     def single(self, narrowed_by: int = 1, weights_dtype: Optional[torch.dtype] = None,
                micro_batch: Optional[int] = None) -> MemoryBreakdown:
         """One device's peak (all parts of the model on it); ``weights_dtype``: the weights converted (a ZeRO run
         in 16 bits), with the forward then run without autocast."""
+        return highest(self.single_phases(narrowed_by, weights_dtype, micro_batch))
+
+    def single_phases(self, narrowed_by: int = 1, weights_dtype: Optional[torch.dtype] = None,
+                      micro_batch: Optional[int] = None) -> dict[str, MemoryBreakdown]:
+        """``single``'s peak of each phase (``run_steps``: forward and backward; optimizer step)."""
         shape = self.shape
         precision = "no" if weights_dtype is not None else shape.mixed_precision
 
@@ -142,7 +147,7 @@ class Tracer:
                     steps=STEPS, micro_batches=min(shape.gradient_accumulation_steps, 2), by_phase=True)
             return trace
 
-        return self._peak(("single", narrowed_by, weights_dtype), micro_batch or shape.micro_batch_size, trace_at)
+        return self._phases(("single", narrowed_by, weights_dtype), micro_batch or shape.micro_batch_size, trace_at)
 
     def fsdp2(self, world: int, narrowed_by: int = 1, seq_len: Optional[int] = None,
               micro_batch: Optional[int] = None) -> MemoryBreakdown:
@@ -159,7 +164,8 @@ class Tracer:
                                          micro_batches=min(shape.gradient_accumulation_steps, 2), by_phase=True)
             return trace
 
-        return self._peak(("fsdp2", world, narrowed_by, length), micro_batch or shape.micro_batch_size, trace_at)
+        return highest(self._phases(("fsdp2", world, narrowed_by, length), micro_batch or shape.micro_batch_size,
+                                    trace_at))
 
     def block_names(self) -> list[str]:
         """The class names of the model's repeated blocks: those of its ``_no_split_modules`` found more than once
