@@ -4,7 +4,8 @@ A ``Tracer`` runs ``training_step_memory`` (one device) and ``fsdp2_step_memory`
 process group) for one model and one step shape, and keeps each result. A model whose depth can be chosen
 (``ModelSource.layers``) is traced with 2 and 3 blocks, and every part of each phase's peak (forward and backward;
 optimizer step) is extended linearly to the model's depth: the blocks repeat, so what one more block adds is what
-each adds; the highest phase at that depth is the peak (tests/planning check the scaling against a trace of the
+each adds (when the peaks at 2 and 3 blocks are different moments of the phase, 3 and 4 blocks are traced instead);
+the highest phase at that depth is the peak (tests/planning check the scaling against a trace of the
 whole model). With ``search``, a trace at micro-batch 1 and 2 gives the same line in the
 micro-batch size. Each trace takes seconds whatever the model's size: nothing is allocated.
 """
@@ -64,6 +65,21 @@ def extend(small: MemoryBreakdown, larger: MemoryBreakdown, small_at: int, large
     return MemoryBreakdown(**values)
 
 
+#: the parts that say at which moment of a phase its peak is: the model's state only grows with the depth
+_MOMENT_PARTS = ("activations", "temporaries", "other", "gathered_parameters", "gathered_gradients", "communication",
+                 "gradients", "optimizer_state")
+
+
+def _same_moment(small: MemoryBreakdown, larger: MemoryBreakdown) -> bool:
+    """Whether two depths' peaks of a phase are the same moment of it: every part present in both or in neither,
+    and none shrinking as a block is added."""
+    for name in _MOMENT_PARTS:
+        low, high = getattr(small, name), getattr(larger, name)
+        if (low == 0) != (high == 0) or high < low:
+            return False
+    return True
+
+
 def _optimizer(name: str, sharded: bool = False) -> Callable[..., torch.optim.Optimizer]:
     if name not in OPTIMIZERS:
         raise PlanInputError(f"Unknown optimizer {name!r}: choose among {', '.join(OPTIMIZERS)}.")
@@ -106,12 +122,15 @@ class Tracer:
         return lambda: self.source.batch(micro_batch, seq_len)
 
     def _at_depth(self, trace: Callable[[Optional[int]], dict]) -> dict[str, MemoryBreakdown]:
-        """Each phase's parts (``run_steps``) at the model's depth: on the line through 2 and 3 blocks."""
+        """Each phase's parts (``run_steps``) at the model's depth: on the line through 2 and 3 blocks, or through 3
+        and 4 when the peaks at 2 and 3 blocks are not the same moment of the phase (``_same_moment``)."""
         layers = self.source.layers
         if layers is None or layers <= 3:
             return trace(None)
-        small, larger = trace(2), trace(3)
-        return {phase: extend(small[phase], larger[phase], 2, 3, layers) for phase in small}
+        small, larger, at = trace(2), trace(3), 2
+        if layers > 4 and not all(_same_moment(small[phase], larger[phase]) for phase in small):
+            small, larger, at = larger, trace(4), 3
+        return {phase: extend(small[phase], larger[phase], at, at + 1, layers) for phase in small}
 
     def _phases(self, key: tuple, micro: int, trace_at: Callable[[int], Callable[[Optional[int]], dict]]
                 ) -> dict[str, MemoryBreakdown]:
