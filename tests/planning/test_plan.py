@@ -123,7 +123,16 @@ def _hasten(*args, cwd=ROOT):
                           env=clean_env(), cwd=cwd, timeout=300)
 
 
-def test_the_command_prints_json_writes_a_config_hasten_launch_runs_and_exits_2_on_usage_errors(tmp_path):
+def _in_process(capfd, *args) -> tuple:
+    from hasten.commands.cli import main
+
+    capfd.readouterr()
+    code = main([str(arg) for arg in args])
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def test_the_command_prints_json_writes_a_config_hasten_launch_runs_and_exits_2_on_usage_errors(tmp_path, capfd):
     folder = tmp_path / "model"
     folder.mkdir()
     llama(4).save_pretrained(folder)
@@ -141,9 +150,9 @@ def test_the_command_prints_json_writes_a_config_hasten_launch_runs_and_exits_2_
                           (("--gpu_memory", "1GB", "--write_config", config_file), "exists"),
                           (("--gpu_memory", "1GB", "--layouts", "ddp", "--write_config", tmp_path / "x.yaml",
                             "--layout", "zero9"), "No layout 'zero9'")):
-        failed = _hasten("plan", folder, "--seq_len", 32, *args)
-        assert failed.returncode == 2 and message in failed.stderr, failed.stderr
-    assert "hasten plan" in _hasten("estimate-memory", "--help").stdout
+        code, _, err = _in_process(capfd, "plan", folder, "--seq_len", 32, *args)  # the command's own main
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert "hasten plan" in _in_process(capfd, "estimate-memory", "--help")[1]
     from hasten.planning.layouts import FAMILIES
     from hasten.planning.names import OPTIMIZER_NAMES
     from hasten.planning.traces import OPTIMIZERS
