@@ -131,7 +131,7 @@ class Plan:
         if row is None:
             raise PlanInputError("No layout fits, so there is no config to write: add memory, processes, activation "
                                  "checkpointing or offload, or lower the micro-batch size.")
-        if not row.fits and row.status == "invalid":
+        if row.status == "invalid":
             raise PlanInputError(f"Layout {row.layout.name} is invalid: {row.reason}.")
         return launch_config(row.layout, mixed_precision=self.shape.mixed_precision,
                              gradient_accumulation_steps=self.shape.gradient_accumulation_steps,
