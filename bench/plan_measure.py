@@ -8,6 +8,7 @@ quantity a GPU's ``max_memory_allocated`` counts, less the allocator's rounding,
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import weakref
@@ -94,21 +95,41 @@ class LiveStorage(TorchDispatchMode):
 
 
 def _accelerator(case: dict):
-    from hasten import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    """The ``Accelerator`` of the case's layout (its ``family`` and degrees, as the plan's row names them)."""
+    from hasten import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, ParallelismConfig
 
-    layout = case["layout"]
-    precision = case["precision"]
-    if layout.startswith("fsdp2"):
-        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap"
-                                                if case["blocks"] else None,
-                                                transformer_cls_names_to_wrap=case["blocks"] or None,
-                                                activation_checkpointing=case["ac"])
-        return Accelerator(mixed_precision=precision, fsdp_plugin=plugin)
-    if layout.startswith("zero"):
-        plugin = DeepSpeedPlugin(zero_stage=int(layout[4]), gradient_accumulation_steps=1)
+    family, precision, processes = case["family"], case["precision"], case["processes"]
+    if family == "zero":
+        plugin = DeepSpeedPlugin(zero_stage=case["zero_stage"], gradient_accumulation_steps=1)
         plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = case["mb"]  # no loader is prepared
         return Accelerator(mixed_precision=precision, deepspeed_plugin=plugin)
-    return Accelerator(mixed_precision=precision)
+    sizes = {}
+    if family == "hsdp":
+        sizes = dict(dp_replicate_size=2, dp_shard_size=processes // 2)
+    elif family == "tp":
+        sizes = dict(tp_size=case["tp"], dp_replicate_size=processes // case["tp"])
+    elif family == "fsdp2_tp":
+        sizes = dict(tp_size=case["tp"], dp_shard_size=processes // case["tp"])
+    elif family == "cp":
+        sizes = dict(cp_size=case["cp"], dp_shard_size=processes // case["cp"])
+    parallelism = {"parallelism_config": ParallelismConfig(**sizes)} if sizes else {}
+    if family in ("fsdp2", "hsdp", "fsdp2_tp", "cp", "fsdp1") or (family == "tp" and case["ac"]):
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=1 if family == "fsdp1" else 2,
+                                                auto_wrap_policy="transformer_based_wrap" if case["blocks"] else None,
+                                                transformer_cls_names_to_wrap=case["blocks"] or None,
+                                                activation_checkpointing=case["ac"])
+        return Accelerator(mixed_precision=precision, fsdp_plugin=plugin, **parallelism)
+    return Accelerator(mixed_precision=precision, **parallelism)
+
+
+def _checkpoint_blocks(model, blocks: list) -> None:
+    """Activation checkpointing on the model's blocks, as FSDP's plugin applies it, for layouts without one."""
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+    from hasten.strategies.fsdp.wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                            transformer_cls_names_to_wrap=blocks)
+    apply_activation_checkpointing(model, wrap_units(model, wrap_policy(model, plugin)))
 
 
 def measure(case: dict) -> int:
@@ -118,25 +139,32 @@ def measure(case: dict) -> int:
     GradientState._reset_state()
     torch.manual_seed(0)
     tracker = LiveStorage()
+    family = case["family"]
+    fsdp = family in ("fsdp2", "hsdp", "fsdp2_tp", "cp", "fsdp1")
     with tracker:
         accelerator = _accelerator(case)
         model = build_model(case["model"])
-        if case["ac"] and not case["layout"].startswith("fsdp2"):
-            from hasten.config.fsdp import FullyShardedDataParallelPlugin
-            from hasten.strategies.fsdp.wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
-
-            plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
-                                                    transformer_cls_names_to_wrap=case["blocks"])
-            apply_activation_checkpointing(model, wrap_units(model, wrap_policy(model, plugin)))
-        foreach = {} if case["layout"].startswith("fsdp2") else {"foreach": True}
+        if case["ac"] and not fsdp and family != "tp":
+            _checkpoint_blocks(model, case["blocks"])
+        foreach = {"foreach": True} if case["family"] in ("single", "ddp", "zero") else {}  # as the plan traces them
         optimizer = torch.optim.AdamW(model.parameters(), **foreach)
         model, optimizer = accelerator.prepare(model, optimizer)
         for _ in range(3):
             batch = make_batch(case["model"], case["mb"], case["seq_len"])
-            with accelerator.autocast():
-                output = model(**batch) if isinstance(batch, dict) else model(batch)
-            loss = output.loss if hasattr(output, "loss") else output.float().sum()
-            accelerator.backward(loss)
+            if case["family"] == "cp" and isinstance(batch, dict):  # each rank computes on its share of the sequence
+                positions = torch.arange(case["seq_len"]).expand(case["mb"], -1).clone()
+                batch["position_ids"] = positions
+                split = accelerator.maybe_context_parallel(buffers=[batch["input_ids"], batch["labels"], positions],
+                                                           buffer_seq_dims=[1, 1, 1])
+            elif case["family"] == "cp":
+                split = accelerator.maybe_context_parallel(buffers=[batch], buffer_seq_dims=[1])
+            else:
+                split = contextlib.nullcontext()
+            with split:
+                with accelerator.autocast():
+                    output = model(**batch) if isinstance(batch, dict) else model(batch)
+                loss = output.loss if hasattr(output, "loss") else output.float().sum()
+                accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
             del batch, output, loss

@@ -89,6 +89,10 @@ CHECKS = (
     Check("deepspeed", "check_gpu_sharded:deepspeed_zero",
           "DeepSpeed ZeRO-2 fp16 and ZeRO-3 bf16 on one GPU, with exact resume", budget_s=60,
           needs=("cuda", "deepspeed")),
+    Check("plan", "check_gpu_plan:plan_vs_allocated",
+          "hasten plan's peak per rank for DDP of one, FSDP2 and ZeRO-3 of a ~1B Llama against "
+          "torch.cuda.max_memory_allocated over three steps; the allocator's overhead and the CUDA context",
+          budget_s=120),
     Check("bnb_8bit", "check_gpu_inference:bnb_8bit",
           "bitsandbytes 8-bit loading: int8 linear layers, logits close to the float model, generation",
           budget_s=25, needs=("bitsandbytes",)),

@@ -18,7 +18,8 @@ transformers = pytest.importorskip("transformers")
 MiB = 2 ** 20
 
 
-def llama(layers: int = 5) -> "transformers.LlamaConfig":
+def llama(layers: int = 3) -> "transformers.LlamaConfig":
+    """A tiny Llama; at 3 blocks or fewer the plan traces it whole (deeper ones: scaled from 2 and 3 blocks)."""
     return transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                     num_key_value_heads=2, num_hidden_layers=layers, vocab_size=256,
                                     max_position_embeddings=128, head_dim=16)
@@ -73,15 +74,15 @@ def test_every_layout_gets_a_row_with_its_parts_or_the_reason_it_cannot_run(four
 
 
 def test_search_finds_the_largest_micro_batch_that_fits_and_auto_checkpointing_turns_on_when_needed():
-    tracer = Tracer(transformers_source(llama()), StepShape(1, 32))  # traced at each size: no scaling
-    budget = tracer.single(micro_batch=24).peak + 1
-    found = plan(llama(), seq_len=32, search=True, layouts=["single"], gpu_memory=budget).rows[0]
-    assert found.fits and found.micro_batch_size >= 24 and tracer.single(micro_batch=found.micro_batch_size).peak \
+    tracer = Tracer(transformers_source(llama()), StepShape(1, 16))  # traced at each size: no line through 1 and 2
+    budget = tracer.single(micro_batch=6).peak + 1
+    found = plan(llama(), seq_len=16, search=True, layouts=["single"], gpu_memory=budget).rows[0]
+    assert found.fits and found.micro_batch_size >= 6 and tracer.single(micro_batch=found.micro_batch_size).peak \
         <= budget
     assert tracer.single(micro_batch=found.micro_batch_size + 1).peak > budget
-    squeezed = tracer.single(micro_batch=32).peak - 1
-    plain = plan(llama(), seq_len=32, micro_batch_size=32, layouts=["single"], gpu_memory=squeezed).rows[0]
-    auto = plan(llama(), seq_len=32, micro_batch_size=32, layouts=["single"], gpu_memory=squeezed,
+    squeezed = tracer.single(micro_batch=8).peak - 1
+    plain = plan(llama(), seq_len=16, micro_batch_size=8, layouts=["single"], gpu_memory=squeezed).rows[0]
+    auto = plan(llama(), seq_len=16, micro_batch_size=8, layouts=["single"], gpu_memory=squeezed,
                 activation_checkpointing="auto").rows[0]
     assert not plain.fits and auto.fits and auto.activation_checkpointing
     assert auto.memory.device.activations < plain.memory.device.activations
@@ -135,7 +136,7 @@ def _in_process(capfd, *args) -> tuple:
 def test_the_command_prints_json_writes_a_config_hasten_launch_runs_and_exits_2_on_usage_errors(tmp_path, capfd):
     folder = tmp_path / "model"
     folder.mkdir()
-    llama(4).save_pretrained(folder)
+    llama().save_pretrained(folder)
     config_file = tmp_path / "plan.yaml"
     result = _hasten("plan", folder, "--seq_len", 32, "--num_processes", 2, "--gpu_memory", "3MiB", "--layouts",
                      "ddp,fsdp2", "--json", "--write_config", config_file, "--layout", "fsdp2")
@@ -145,7 +146,7 @@ def test_the_command_prints_json_writes_a_config_hasten_launch_runs_and_exits_2_
     assert all(isinstance(row["peak"], int) and set(row["parts"]) >= {"parameters", "activations"} for row in rows)
     launched = run_launch("check_plan_config.py", folder, num_processes=None,
                           launch_args=("--config_file", str(config_file)), preload=("transformers",))
-    assert "check_plan_config OK FSDP 2 processes fsdp_version 2 units 4" in launched.stdout, launched.stdout
+    assert "check_plan_config OK FSDP 2 processes fsdp_version 2 units 3" in launched.stdout, launched.stdout
     for args, message in ((("--gpu_memory", "lots"), "gpu_memory: Cannot read"),
                           (("--gpu_memory", "1GB", "--write_config", config_file), "exists"),
                           (("--gpu_memory", "1GB", "--layouts", "ddp", "--write_config", tmp_path / "x.yaml",

@@ -4,7 +4,8 @@
 The file says what the layout needs and nothing the launcher defaults well: the distributed type, the process and
 machine counts, mixed precision and gradient accumulation, and the section of the backend (``fsdp_config``,
 ``deepspeed_config``, ``parallelism_config``) with the options the plan assumed (transformer-block wrapping,
-resharding after the forward, offload, activation checkpointing, rank-0 loading). It is checked by the config
+resharding after the forward, offload, activation checkpointing, rank-0 loading; tensor parallelism with activation
+checkpointing is written with an FSDP section, the one place a config file says it). It is checked by the config
 reader ``hasten launch`` uses before it is written.
 """
 from __future__ import annotations
@@ -43,6 +44,8 @@ def launch_config(layout: Layout, *, mixed_precision: str, gradient_accumulation
     model's repeated blocks, FSDP's units (none: the whole model one unit)."""
     distributed = {"single": "NO", "ddp": "MULTI_GPU", "tp": "MULTI_GPU", "zero": "DEEPSPEED"}.get(layout.family,
                                                                                                 "FSDP")
+    if layout.family == "tp" and activation_checkpointing:
+        distributed = "FSDP"  # the FSDP section carries activation checkpointing; tensor parallelism applies it
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": distributed,

@@ -8,10 +8,11 @@ How each layout is modelled (docs/plan.md has the same list for users):
 - ``fsdp2``, ``hsdp``, ``fsdp2_tp``, ``cp``: hasten's own FSDP2 sharding traced over the fake process group at the
   number of shards (HSDP: the processes of one machine; with tensor parallelism, of the narrowed model each rank
   computes; with context parallelism, each rank's share of the sequence). ``fsdp2_offload`` moves the shards of
-  parameters, gradients and optimizer state to host memory. ``fsdp1`` is modelled as FSDP2 (its flat parameters add
-  at most a little padding).
+  parameters, gradients and optimizer state to host memory. ``fsdp1`` is modelled as FSDP2, less (in float32) the
+  second copy of the gathered unit FSDP2 holds while copying it out (FSDP1 gathers into its flat parameter).
 - ``tp``: the model narrowed to one rank's heads and MLP width (the replicated parts and the all-reduced outputs full
-  size), plus DDP buckets across the replicas.
+  size; the output layer's share of the vocabulary where the plan splits it); with data-parallel replicas, that
+  model under FSDP2 with one rank per shard group, as hasten runs DDP x TP.
 - ``zero``: DeepSpeed's partitioning, counted per parameter (checked against DeepSpeed runs on gloo, bench_plan.py):
   the weights and gradients in the run's dtype, and for this rank's partition a float32 copy, the optimizer state
   and float32 gradients for the step; the partition is 1/N of the model from stage 1, the run-dtype gradients are
@@ -130,10 +131,12 @@ def layout_memory(layout: Layout, tracer: Tracer, micro_batch: Optional[int] = N
     if family in ("single", "ddp"):
         memory = tracer.single(micro_batch=micro_batch)
         return RankMemory(_with_8bit_state(_plus_buckets(memory, processes if family == "ddp" else 1), shape))
+    if family == "tp" and layout.data_parallel > 1:  # hasten's DDP x TP: FSDP2 with one rank per shard group
+        memory = tracer.fsdp2(1, narrowed_by=layout.tp, micro_batch=micro_batch)
+        return RankMemory(_with_8bit_state(memory, shape), note="FSDP2 replicating the narrowed model")
     if family == "tp":
         memory = tracer.single(narrowed_by=layout.tp, micro_batch=micro_batch)
-        return RankMemory(_with_8bit_state(_plus_buckets(memory, layout.data_parallel), shape),
-                          note="the model narrowed to one rank's heads and MLP width")
+        return RankMemory(_with_8bit_state(memory, shape), note="the model narrowed to one rank's heads and MLP width")
     if family == "fsdp2_tp":
         memory = tracer.fsdp2(layout.data_parallel, narrowed_by=layout.tp, micro_batch=micro_batch)
         return RankMemory(_with_8bit_state(memory, shape), note="FSDP2 over the narrowed model")
@@ -146,4 +149,9 @@ def layout_memory(layout: Layout, tracer: Tracer, micro_batch: Optional[int] = N
         host = memory.parameters + memory.gradients + memory.optimizer_state
         return RankMemory(replace(memory, parameters=0, gradients=0, optimizer_state=0), host,
                           "shards of weights, gradients and optimizer state in host memory")
-    return RankMemory(memory, note="modelled as FSDP2" if family == "fsdp1" else "")
+    if family == "fsdp1" and shape.mixed_precision == "no":
+        # FSDP1 gathers a unit straight into its flat parameter; FSDP2 in float32 holds the gathered unit once more
+        # while it copies it out into the parameters (measured: bench_plan.py)
+        memory = replace(memory, communication=max(0, memory.communication - tracer.block_bytes()))
+    return RankMemory(memory, note="modelled as FSDP2, less FSDP2's copy of the gathered unit in float32"
+                      if family == "fsdp1" else "")

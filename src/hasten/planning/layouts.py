@@ -128,6 +128,8 @@ def why_invalid(layout: Layout, source: ModelSource, seq_len: int) -> Optional[s
         degree = layout.cp
         if processes % degree:
             return f"cp {degree} does not divide the {processes} processes"
+        if source.context_parallel:
+            return source.context_parallel
         if seq_len % (2 * degree):
             return f"context parallelism splits the sequence in 2 x cp = {2 * degree} load-balanced chunks: " \
                    f"seq_len {seq_len} is not a multiple"

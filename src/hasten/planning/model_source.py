@@ -8,7 +8,7 @@ wraps the user's own function returning an ``nn.Module``. A ``ModelSource`` answ
   planner traces two small counts and scales, so a model of any depth plans in seconds) and, with
   ``narrowed_by=t``, the attention heads and the MLP's inner width divided by ``t``: what one rank of a ``t``-way
   tensor-parallel run computes (hidden size and head size kept, so the replicated parts and the all-reduced outputs
-  stay full size);
+  stay full size; an output layer the model's plan splits by vocabulary holds its share, ``narrowed_head.py``);
 - ``batch(micro_batch_size, seq_len)``: a training batch of that shape;
 - the shapes that decide which layouts can exist (layers, heads, key/value heads, maximum positions).
 """
@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
+
+from .narrowed_head import narrow_output_head
 
 __all__ = ["ModelSource", "PlanInputError", "transformers_source", "factory_source", "load_transformers_config",
            "source_from_name"]
@@ -49,6 +51,7 @@ class ModelSource:
     hidden_size: Optional[int] = None
     vocab_size: Optional[int] = None
     tensor_parallel: Optional[str] = None  # None: tensor parallelism can be planned; else why not
+    context_parallel: Optional[str] = None  # None: context parallelism can be planned; else why not
     stored_bytes_per_parameter: int = 4  # in the checkpoint a job loads (the config's dtype)
     notes: list[str] = field(default_factory=list)
 
@@ -167,6 +170,18 @@ def _tensor_parallel_refusal(config: Any, heads: Optional[int]) -> Optional[str]
     return None
 
 
+_ATTENTION_DROPOUT = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
+
+
+def _context_parallel_refusal(config: Any) -> Optional[str]:
+    """Why context parallelism cannot run ``config``'s model (None: it can): hasten refuses attention dropout."""
+    for key in _ATTENTION_DROPOUT:
+        value = getattr(config, key, None)
+        if isinstance(value, (int, float)) and value > 0:
+            return f"context parallelism needs attention dropout 0 (the config's {key} is {value})"
+    return None
+
+
 def transformers_source(config: Any, name: Optional[str] = None, trust_remote_code: bool = False) -> ModelSource:
     """A ``ModelSource`` for a Transformers config object; the weights are built in the dtype asked (float32 by
     default: the master weights of mixed-precision training), whatever dtype the config names."""
@@ -199,7 +214,10 @@ def transformers_source(config: Any, name: Optional[str] = None, trust_remote_co
             shaped.num_key_value_heads = kv_heads // narrowed_by
             shaped.intermediate_size = config.intermediate_size // narrowed_by
         with _default_dtype(dtype):
-            return build_class(shaped)
+            model = build_class(shaped)
+        if narrowed_by > 1:
+            narrow_output_head(model, narrowed_by)
+        return model
 
     def batch(micro_batch_size: int, seq_len: int) -> dict:
         ids = torch.randint(0, vocab, (micro_batch_size, seq_len))
@@ -209,7 +227,8 @@ def transformers_source(config: Any, name: Optional[str] = None, trust_remote_co
                        layers=layers if isinstance(layers, int) and layers > 0 else None, heads=heads,
                        kv_heads=kv_heads, max_positions=getattr(config, "max_position_embeddings", None),
                        hidden_size=hidden, vocab_size=vocab,
-                       tensor_parallel=_tensor_parallel_refusal(config, heads), stored_bytes_per_parameter=stored_bytes)
+                       tensor_parallel=_tensor_parallel_refusal(config, heads),
+                       context_parallel=_context_parallel_refusal(config), stored_bytes_per_parameter=stored_bytes)
 
 
 def factory_source(factory: Callable[[], nn.Module], batch: Optional[Callable[[int, int], Any]] = None,

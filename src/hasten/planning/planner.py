@@ -3,10 +3,10 @@
 ``plan`` traces the model's training steps on fake tensors (``traces.py``: nothing is allocated, the depth scaled
 from a few blocks), applies each layout (``layout_memory.py``), compares each rank's peak with the device's memory
 (``gpu_memory``, less ``reserve``) and ranks the layouts that fit by the cost model of ``step_time.py``. With
-``search`` each layout gets the largest micro-batch that fits (the peak is linear in the micro-batch size: a trace at
-1 and at 2 gives the line). With ``activation_checkpointing="auto"`` a layout that does not fit without it is
-planned with it. The result prints as a table (``Plan.table()``) or JSON (``Plan.as_json()``), and a row writes
-itself as a launch config (``launch_config.py``).
+``search`` each layout gets the largest micro-batch that fits (found on the line through traces at 1 and 2, then
+confirmed by tracing the size found and the next). With ``activation_checkpointing="auto"`` a layout that does not
+fit without it is planned with it. The result prints as a table (``Plan.table()``) or JSON (``Plan.as_json()``), and
+a row writes itself as a launch config (``launch_config.py``).
 """
 from __future__ import annotations
 
@@ -221,9 +221,10 @@ def plan(model: Any, *, seq_len: int, micro_batch_size: int = 1, search: bool = 
 
 
 def _largest_fitting(layout: Layout, tracer: Tracer, budget: int, limit: int) -> int:
-    """The largest micro-batch size whose peak is within ``budget`` (0: not even 1); the peak grows with the size."""
-    def fits(size: int) -> bool:
-        return layout_memory(layout, tracer, size).device.peak <= budget
+    """The largest micro-batch size whose peak is within ``budget`` (0: not even 1): found on the line through
+    micro-batches 1 and 2 (the peak grows with the size), then confirmed by tracing that size and the next."""
+    def fits(size: int, on: Tracer = tracer) -> bool:
+        return layout_memory(layout, on, size).device.peak <= budget
 
     if not fits(1):
         return 0
@@ -234,6 +235,19 @@ def _largest_fitting(layout: Layout, tracer: Tracer, budget: int, limit: int) ->
     while high - low > 1:  # fits(low), not fits(high)
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
+    if low <= 2:
+        return low  # traced, not read on the line
+    exact = tracer.exactly()
+    if fits(low, exact):  # the line may be low: up while the traces fit, doubling the step, then halving it
+        high = low + 1
+        while high <= limit and fits(high, exact):
+            low, high = high, high + 2 * (high - low)
+        high = min(high, limit + 1)
+    else:  # the line was high: the largest traced size that fits, between 1 (fits) and low (does not)
+        low, high = 1, low
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle, exact) else (low, middle)
     return low
 
 
@@ -248,7 +262,7 @@ def _row(layout: Layout, source: ModelSource, tracers: dict, budget: int, search
         if search:
             micro = _largest_fitting(layout, tracer, budget, limit)
             shown = max(micro, 1)
-            memory = layout_memory(layout, tracer, shown)
+            memory = layout_memory(layout, tracer.exactly(), shown)  # traced at the size found
         else:
             micro = tracer.shape.micro_batch_size
             memory = layout_memory(layout, tracer)

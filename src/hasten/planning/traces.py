@@ -105,6 +105,13 @@ class Tracer:
         self._block: Optional[int] = None
         self._blocks: Optional[list[str]] = None
 
+    def exactly(self) -> "Tracer":
+        """This tracer tracing every micro-batch size it is asked about (no line through 1 and 2), sharing the
+        traces made so far."""
+        exact = Tracer(self.source, self.shape, search=False)
+        exact._done, exact._block, exact._blocks = self._done, self._block, self._blocks
+        return exact
+
     # the model, as each layout builds it
     def _builder(self, depth: Optional[int], narrowed_by: int, weights_dtype: Optional[torch.dtype],
                  checkpointed: bool) -> Callable[[], nn.Module]:
@@ -123,12 +130,15 @@ class Tracer:
 
     def _at_depth(self, trace: Callable[[Optional[int]], dict]) -> dict[str, MemoryBreakdown]:
         """Each phase's parts (``run_steps``) at the model's depth: on the line through 2 and 3 blocks, or through 3
-        and 4 when the peaks at 2 and 3 blocks are not the same moment of the phase (``_same_moment``)."""
+        and 4 when the peaks at 2 and 3 blocks are not the same moment of the phase (``_same_moment``; a model of 4
+        blocks is then traced whole)."""
         layers = self.source.layers
         if layers is None or layers <= 3:
             return trace(None)
         small, larger, at = trace(2), trace(3), 2
-        if layers > 4 and not all(_same_moment(small[phase], larger[phase]) for phase in small):
+        if not all(_same_moment(small[phase], larger[phase]) for phase in small):
+            if layers == 4:
+                return trace(None)  # as cheap as the 4th block the line would need
             small, larger, at = larger, trace(4), 3
         return {phase: extend(small[phase], larger[phase], at, at + 1, layers) for phase in small}
 
@@ -154,7 +164,9 @@ class Tracer:
 
     def single_phases(self, narrowed_by: int = 1, weights_dtype: Optional[torch.dtype] = None,
                       micro_batch: Optional[int] = None) -> dict[str, MemoryBreakdown]:
-        """``single``'s peak of each phase (``run_steps``: forward and backward; optimizer step)."""
+        """``single``'s peak of each phase (``run_steps``: forward and backward; optimizer step). A model narrowed
+        for tensor parallelism steps tensor by tensor, as its mix of DTensors and plain tensors makes it
+        (``strategies/model_parallel/mixed_parameters.py``)."""
         shape = self.shape
         precision = "no" if weights_dtype is not None else shape.mixed_precision
 
@@ -162,7 +174,8 @@ class Tracer:
             def trace(depth: Optional[int]) -> dict:
                 return training_step_memory(
                     self._builder(depth, narrowed_by, weights_dtype, shape.activation_checkpointing),
-                    self._batch(micro, shape.seq_len), optimizer=self.optimizer, mixed_precision=precision,
+                    self._batch(micro, shape.seq_len), mixed_precision=precision,
+                    optimizer=self.sharded_optimizer if narrowed_by > 1 else self.optimizer,
                     steps=STEPS, micro_batches=min(shape.gradient_accumulation_steps, 2), by_phase=True)
             return trace
 
@@ -228,12 +241,18 @@ class Tracer:
         return two + (three - two) * (layers - 2)
 
     def block_bytes(self) -> int:
-        """Float32 bytes of one repeated block's parameters (the whole model's when its depth is fixed)."""
+        """Float32 bytes of one repeated block's parameters: the difference a block makes to the model, or, for a
+        model built whole, its largest repeated block (``block_names``; the whole model when it names none)."""
         if self._block is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
 
             if self.source.layers is None:
-                self._block = self.single().parameters
+                blocks = set(self.block_names())
+                with FakeTensorMode():
+                    model = self.source.build(None, 1, torch.float32)
+                    sizes = [sum(p.numel() * 4 for p in module.parameters()) for module in model.modules()
+                             if type(module).__name__ in blocks]
+                self._block = max(sizes) if sizes else self.single().parameters
             else:
                 with FakeTensorMode():
                     one, two = (sum(p.numel() * 4 for p in self.source.build(depth, 1, torch.float32).parameters())

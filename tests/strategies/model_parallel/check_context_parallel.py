@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, os.path.dirname(__file__))
 from check_model_parallel import check, expect_error, say  # noqa: E402
 
-from hasten import Accelerator, ParallelismConfig  # noqa: E402
+from hasten import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig  # noqa: E402
 from hasten.utils import TorchTensorParallelConfig, set_seed  # noqa: E402
 
 VOCAB, WIDTH, HEADS, SEQUENCE, BATCH, STEPS = 32, 16, 2, 8, 4, 12
@@ -123,7 +123,12 @@ def check_llama() -> None:
     reference = copy.deepcopy(model)
     reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     AcceleratorState._reset_state()
-    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2))
+    # with activation checkpointing on the decoder layers: the recomputation in the backward pass must attend over
+    # the whole sequence as the forward did
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, activation_checkpointing=True,
+                                            auto_wrap_policy="transformer_based_wrap",
+                                            transformer_cls_names_to_wrap=["LlamaDecoderLayer"])
+    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2), fsdp_plugin=plugin)
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
     generator = torch.Generator().manual_seed(8)
     for _ in range(6):
@@ -146,7 +151,8 @@ def check_llama() -> None:
     if accelerator.is_main_process:
         for key, value in reference.state_dict().items():
             check(torch.allclose(weights[key], value, **TOLERANCE), f"Llama {key} differs")
-    say(accelerator, "ok: transformers Llama cp=2 matches single-process training (6 steps)")
+    say(accelerator, "ok: transformers Llama cp=2 with activation checkpointing matches single-process training "
+                     "(6 steps)")
 
 
 def main(work: Path, mode: str) -> None:
@@ -225,6 +231,13 @@ def main(work: Path, mode: str) -> None:
             prepared(ids, positions)
 
     expect_error(masked, "attention mask", "is_causal=True")
+    unwrapped.layers[0].attention.mask = None
+    with accelerator.maybe_context_parallel(buffers=[ids, ids, positions], buffer_seq_dims=[1, 1, 1]):
+        check(ids.shape[1] == SEQUENCE // 2, f"a buffer given twice (labels=ids) is cut once: {ids.shape[1]} kept")
+    check(ids.shape[1] == SEQUENCE, "a buffer given twice restored whole")
+    expect_error(lambda: accelerator.maybe_context_parallel(buffers=[positions, positions],
+                                                            buffer_seq_dims=[1, 0]).__enter__(),
+                 "the same tensor", "another sequence dimension")
     check(ids.shape[1] == SEQUENCE, "buffers restored after an error in the block")
     say(accelerator, "ok: bad buffers and attention masks refused")
     if mode == "cp":

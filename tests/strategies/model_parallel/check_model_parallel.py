@@ -7,7 +7,9 @@
 2. the same model with its own ``_tp_plan`` (no plan given), TP=2;
 3. a "loss_parallel" head: the logits stay split over the vocabulary and the loss runs on the shares, matching;
 4. a transformers Llama built from a tiny config (no download), split with its own ``base_model_tp_plan``, TP=2,
-   matching single-process training;
+   matching single-process training, with its layers wrapped for activation checkpointing before ``prepare`` (the
+   plan sees through the wrappers) and a ``foreach=True`` AdamW (its groups mix DTensors and plain tensors: they
+   step tensor by tensor, with a warning);
 5. a checkpoint saved with TP=2 loads on one process (the test reads it with TP=1 afterwards);
 6. invalid plans and layouts refused with the reason, before any work;
 7. ``TorchTensorParallelPlugin(torch_device_mesh=...)``: the user's mesh is the one the model is split over, and a
@@ -20,6 +22,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -114,13 +117,24 @@ def forward_logits(model, ids):
     return out.logits if hasattr(out, "logits") else out
 
 
-def train_tp(model, plan=None) -> tuple:
+def train_tp(model, plan=None, checkpointed: tuple = (), foreach=None) -> tuple:
+    """``checkpointed``: blocks (by name) wrapped for activation checkpointing before ``prepare``, as a user may;
+    ``foreach``: the optimizer's."""
     AcceleratorState._reset_state()
     handler = TorchTensorParallelConfig(tp_plan=plan) if plan is not None else None
     accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_size=2, tp_handler=handler))
     model = copy.deepcopy(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    if checkpointed:
+        from hasten.strategies.fsdp.wrapping import apply_activation_checkpointing
+
+        apply_activation_checkpointing(model, [model.get_submodule(name) for name in checkpointed])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=foreach)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, optimizer = accelerator.prepare(model, optimizer)
+    if foreach:  # split layers are DTensors, the norms plain tensors: one list cannot take both
+        check(any("foreach=True" in str(w.message) for w in caught) and not optimizer.param_groups[0]["foreach"],
+              "a foreach optimizer over DTensors and plain tensors steps tensor by tensor, with a warning")
     check(type(accelerator.strategy).__name__ == "ModelParallelStrategy", f"strategy {accelerator.strategy}")
     losses, norms = [], []
     for tokens in batches():
@@ -200,11 +214,13 @@ def check_llama() -> None:
     set_seed(4)
     model = LlamaForCausalLM(config)
     reference = single_process(model)
-    accelerator, prepared, _, losses, weights = train_tp(model)
+    accelerator, prepared, _, losses, weights = train_tp(model, checkpointed=("model.layers.0", "model.layers.1"),
+                                                         foreach=True)
     from torch.distributed.tensor import DTensor
 
     check(isinstance(prepared.model.layers[0].self_attn.q_proj.weight, DTensor), "q_proj is split")
-    compare(accelerator, "transformers Llama TP=2 from its base_model_tp_plan", (losses, weights), reference)
+    compare(accelerator, "transformers Llama TP=2 from its base_model_tp_plan (its layers checkpointed before "
+            "prepare; a foreach AdamW)", (losses, weights), reference)
 
 
 def expect_error(function, *fragments) -> None:

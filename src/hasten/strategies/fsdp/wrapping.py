@@ -8,9 +8,10 @@ unit and finally on the root.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
-from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
 from torch import nn
 
@@ -102,6 +103,26 @@ def ignored_submodules(model: nn.Module,
     return modules
 
 
+def _modes_again() -> tuple[ContextManager, ContextManager]:
+    """Activation checkpointing's contexts: nothing for the forward; for the recomputation in the backward pass, the
+    function modes the forward ran under again (PyTorch leaves them out there), so that a block recomputes what it
+    computed: context parallelism's sequence-sharded attention (``model_parallel/context_parallel.py``) is one."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    forward_modes = list(_get_current_function_mode_stack())
+
+    @contextlib.contextmanager
+    def recomputing() -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            active = _get_current_function_mode_stack()
+            for mode in forward_modes:
+                if not any(mode is other for other in active):
+                    stack.enter_context(mode)
+            yield
+
+    return contextlib.nullcontext(), recomputing()
+
+
 def apply_activation_checkpointing(model: nn.Module, units: list[nn.Module], offload: bool = False) -> None:
     """Recompute each unit's activations in the backward pass instead of keeping them (and, with ``offload``,
     keep the saved inputs in CPU memory); with no units, the model's direct children are checkpointed."""
@@ -114,5 +135,5 @@ def apply_activation_checkpointing(model: nn.Module, units: list[nn.Module], off
     )
 
     targets = set(map(id, units or list(model.children())))
-    wrapper = offload_wrapper if offload else checkpoint_wrapper
+    wrapper = offload_wrapper if offload else functools.partial(checkpoint_wrapper, context_fn=_modes_again)
     apply(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda module: id(module) in targets)

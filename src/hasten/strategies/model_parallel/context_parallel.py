@@ -5,7 +5,8 @@ in which
 
 1. each buffer is cut in place along its sequence dimension into ``cp`` contiguous slices, this rank keeping its
    own (restored when the block ends, except the ``no_restore_buffers``), so the model computes on ``S / cp``
-   positions;
+   positions. A tensor given twice (``labels`` the very tensor of ``input_ids``, as Transformers' batches often
+   have it) is cut once, not twice;
 2. every ``torch.nn.functional.scaled_dot_product_attention`` call is taken over: on CUDA by torch's own
    ``context_parallel`` (ring attention over the ``cp`` mesh, ``cp_comm_strategy`` choosing how keys and values
    rotate); elsewhere (CPUs, where torch has no sharding rule for its fused attention kernels) the local query,
@@ -55,6 +56,22 @@ def _check_buffers(buffers, seq_dims, no_restore, cp_size: int) -> None:
             raise ValueError(f"maybe_context_parallel: buffer {index} has {buffer.shape[dim]} positions along "
                              f"dimension {dim}, which cp_size={cp_size} does not divide: pad the sequences to a "
                              f"multiple of {cp_size}.")
+
+
+def _each_once(buffers: list, seq_dims: list) -> tuple[list, list]:
+    """The buffers without repeats of one tensor (cutting it twice would keep a quarter of it); the same tensor
+    given with two sequence dimensions is an error."""
+    kept: list = []
+    dims: list = []
+    for index, (buffer, dim) in enumerate(zip(buffers, seq_dims)):
+        earlier = next((i for i, other in enumerate(kept) if other is buffer), None)
+        if earlier is None:
+            kept.append(buffer)
+            dims.append(dim)
+        elif dims[earlier] % buffer.dim() != dim % buffer.dim():
+            raise ValueError(f"maybe_context_parallel: buffer {index} is an earlier buffer again (the same tensor) "
+                             f"with another sequence dimension ({dim}, before {dims[earlier]}).")
+    return kept, dims
 
 
 @torch.no_grad()
@@ -111,6 +128,8 @@ class _SequenceShardedAttention(torch.overrides.TorchFunctionMode):
         with sdpa_kernel([SDPBackend.MATH]), implicit_replication():
             output = torch.nn.functional.scaled_dot_product_attention(*pieces, is_causal=is_causal, scale=scale,
                                                                        enable_gqa=enable_gqa)
+        if tuple(output.placements) != (Shard(2),):  # DTensor may pick another split (by heads, when cp divides
+            output = output.redistribute(self.mesh, [Shard(2)])  # them): this rank's slice of the sequence back
         return output.to_local()
 
 
@@ -122,6 +141,7 @@ def context_parallel_block(mesh: DeviceMesh, buffers: Optional[Sequence[torch.Te
     buffers, seq_dims = list(buffers or []), list(buffer_seq_dims or [])
     no_restore = list(no_restore_buffers or [])
     _check_buffers(buffers, seq_dims, no_restore, mesh.size())
+    buffers, seq_dims = _each_once(buffers, seq_dims)
     if mesh.device_type == "cuda":
         from torch.distributed.tensor.experimental import context_parallel
         from torch.distributed.tensor.experimental._attention import set_rotate_method

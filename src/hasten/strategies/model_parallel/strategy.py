@@ -7,7 +7,8 @@ model is split in torchtitan's order:
    its config's ``base_model_tp_plan``; see ``model_parallel/tp_plan.py``) applied with ``parallelize_module`` over the
    ``tp`` mesh dimension. A model whose parameters are DTensors already (transformers'
    ``from_pretrained(tp_plan="auto")``) is taken as it is;
-2. activation checkpointing and compilation, as the FSDP plugin and the run ask;
+2. activation checkpointing and compilation, as the FSDP plugin and the run ask (with tensor parallelism alone, no
+   data-parallel sharding, the plugin's ``activation_checkpointing`` is applied all the same);
 3. **data parallelism** with ``fully_shard`` over the data-parallel dimensions of the same mesh: FSDP x TP
    (``dp_shard``), HSDP x TP (``dp_replicate`` and ``dp_shard``), and DDP x TP, which is HSDP with one rank per
    shard group (every rank holds the whole of its tp shard; gradients are averaged over ``dp_replicate``).
@@ -34,6 +35,8 @@ from torch import nn
 from ...config.enums import DistributedType
 from ..fsdp.fsdp2 import FSDP2Strategy, _repoint
 from ..fsdp.sharding import shard_options
+from ..fsdp.wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
+from .mixed_parameters import per_tensor_where_mixed
 from .tp_plan import apply_plan, is_tensor_parallel, plan_of, resolve_plan, splits_the_logits
 
 if TYPE_CHECKING:
@@ -125,6 +128,10 @@ class ModelParallelStrategy(FSDP2Strategy):
                                                     for group in optimizer.param_groups]
             _repoint(optimizer, originals, local)
         return prepared, [self.prepare_optimizer(o) for o in optimizers]
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Groups that mix DTensors and plain tensors step tensor by tensor (``mixed_parameters.py``)."""
+        return per_tensor_where_mixed(super().prepare_optimizer(optimizer))
 
     def _pipeline(self, model):
         """Cut ``model`` into stages, keep this rank's (split over tp), and the schedule that runs them."""
@@ -261,7 +268,11 @@ class ModelParallelStrategy(FSDP2Strategy):
             self.splits_logits = self.splits_logits or splits_the_logits(resolved)
             apply_plan(model, resolved, layout.submesh("tp"))
         self._after_tensor_parallel(model)
-        if not self._sharded_over_data:
+        if not self._sharded_over_data:  # no FSDP2 to apply the plugin's activation checkpointing: done here
+            plugin = self.plugin
+            if plugin.activation_checkpointing:
+                apply_activation_checkpointing(model, wrap_units(model, wrap_policy(model, plugin)),
+                                               offload=plugin.activation_checkpointing_offload)
             return model
         return super().shard_model(model)
 

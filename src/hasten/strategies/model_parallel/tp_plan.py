@@ -19,7 +19,8 @@ transformers' other names for the same styles are accepted too: ``"colwise_gathe
 and ``"embedding_rowwise"`` (an embedding split by vocabulary rows, its output summed); ``"replicate"`` /
 ``"replicated_with_grad_allreduce"`` leave a module whole (every rank computes it alike).
 
-``resolve_plan`` expands the patterns against the model's module names and checks every entry before anything
+``resolve_plan`` expands the patterns against the model's module names (as the model defines them: wrappers added
+around its blocks, activation checkpointing's or compile's, are seen through) and checks every entry before anything
 is changed: a pattern that names no module, a style that does not exist, or a split dimension that the tp size
 does not divide is an error naming the module (and listing the model's modules).
 """
@@ -90,11 +91,16 @@ def resolve_plan(model: nn.Module, plan: dict, tp_size: int) -> dict:
     """``{module name: ParallelStyle}`` for every module the plan's patterns name; checked (see the module doc)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+    from ...checkpointing.optimizer_names import clean_name
+
     modules = dict(model.named_modules())
-    names = [name for name in modules if name]
+    # the plan names modules as the model defines them: a wrapper added around a block (activation checkpointing,
+    # compile) is seen through, and the module it wraps (named after it) is the one split
+    real = {clean_name(name + ".").rstrip("."): name for name in modules if name}
+    names = list(real)
     resolved = {}
     for pattern, style in plan.items():
-        matched = [name for name in names if _pattern(pattern).match(name)]
+        matched = [real[name] for name in names if _pattern(pattern).match(name)]
         if not matched:
             shown = ", ".join(names[:40]) + (" ..." if len(names) > 40 else "")
             raise ValueError(f"The tensor-parallel plan names {pattern!r}, which matches no module of the "
