@@ -94,6 +94,10 @@ class LiveStorage(TorchDispatchMode):
         return out
 
 
+#: the plan families hasten runs with an FSDP plugin
+FSDP_FAMILIES = ("fsdp2", "hsdp", "fsdp2_tp", "cp", "fsdp1")
+
+
 def _accelerator(case: dict):
     """The ``Accelerator`` of the case's layout (its ``family`` and degrees, as the plan's row names them)."""
     from hasten import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, ParallelismConfig
@@ -113,7 +117,7 @@ def _accelerator(case: dict):
     elif family == "cp":
         sizes = dict(cp_size=case["cp"], dp_shard_size=processes // case["cp"])
     parallelism = {"parallelism_config": ParallelismConfig(**sizes)} if sizes else {}
-    if family in ("fsdp2", "hsdp", "fsdp2_tp", "cp", "fsdp1") or (family == "tp" and case["ac"]):
+    if family in FSDP_FAMILIES or (family == "tp" and case["ac"]):  # TP takes activation checkpointing from it
         plugin = FullyShardedDataParallelPlugin(fsdp_version=1 if family == "fsdp1" else 2,
                                                 auto_wrap_policy="transformer_based_wrap" if case["blocks"] else None,
                                                 transformer_cls_names_to_wrap=case["blocks"] or None,
@@ -140,23 +144,23 @@ def measure(case: dict) -> int:
     torch.manual_seed(0)
     tracker = LiveStorage()
     family = case["family"]
-    fsdp = family in ("fsdp2", "hsdp", "fsdp2_tp", "cp", "fsdp1")
+    fsdp = family in FSDP_FAMILIES
     with tracker:
         accelerator = _accelerator(case)
         model = build_model(case["model"])
         if case["ac"] and not fsdp and family != "tp":
             _checkpoint_blocks(model, case["blocks"])
-        foreach = {"foreach": True} if case["family"] in ("single", "ddp", "zero") else {}  # as the plan traces them
+        foreach = {"foreach": True} if family in ("single", "ddp", "zero") else {}  # as the plan traces them
         optimizer = torch.optim.AdamW(model.parameters(), **foreach)
         model, optimizer = accelerator.prepare(model, optimizer)
         for _ in range(3):
             batch = make_batch(case["model"], case["mb"], case["seq_len"])
-            if case["family"] == "cp" and isinstance(batch, dict):  # each rank computes on its share of the sequence
+            if family == "cp" and isinstance(batch, dict):  # each rank computes on its share of the sequence
                 positions = torch.arange(case["seq_len"]).expand(case["mb"], -1).clone()
                 batch["position_ids"] = positions
                 split = accelerator.maybe_context_parallel(buffers=[batch["input_ids"], batch["labels"], positions],
                                                            buffer_seq_dims=[1, 1, 1])
-            elif case["family"] == "cp":
+            elif family == "cp":
                 split = accelerator.maybe_context_parallel(buffers=[batch], buffer_seq_dims=[1])
             else:
                 split = contextlib.nullcontext()

@@ -28,7 +28,7 @@ def _sizes(ctx: Ctx) -> tuple:
     return (LLAMA_TINY, 32) if ctx.dry_run else (LLAMA_1B, 1024)
 
 
-def _planned(ctx: Ctx, config, seq: int) -> dict:
+def _planned(config, seq: int) -> dict:
     """The plan's peak per layout of one process (bytes)."""
     from hasten.planning import plan
     from hasten.planning.model_source import factory_source
@@ -86,7 +86,7 @@ def _measured(ctx: Ctx, layout: str, config, seq: int) -> dict:
 def plan_vs_allocated(ctx: Ctx) -> dict:
     """The plan's peak for DDP of one, FSDP2 and ZeRO-3 against ``torch.cuda.max_memory_allocated``."""
     config, seq = _sizes(ctx)
-    predicted = _planned(ctx, config, seq)
+    predicted = _planned(config, seq)
     if ctx.dry_run or not torch.cuda.is_available():
         return {"detail": "planned " + ", ".join(f"{k} {v / 2 ** 20:.1f} MiB" for k, v in predicted.items()) +
                           " (the allocator is measured on a GPU only)", "metrics": {"predicted": predicted}}

@@ -220,35 +220,37 @@ def plan(model: Any, *, seq_len: int, micro_batch_size: int = 1, search: bool = 
     return Plan(source.name, shape, budget, rows, notes, blocks)
 
 
+def _bisect(fits: Callable[[int], bool], low: int, high: int) -> int:
+    """The largest size in [low, high) that fits, given that ``low`` fits and ``high`` does not."""
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def _grow(fits: Callable[[int], bool], low: int, limit: int) -> int:
+    """From a size that fits, the largest that does (at most ``limit``): steps that double, then ``_bisect``."""
+    high = low + 1
+    while high <= limit and fits(high):
+        low, high = high, high + 2 * (high - low)
+    return _bisect(fits, low, min(high, limit + 1))
+
+
 def _largest_fitting(layout: Layout, tracer: Tracer, budget: int, limit: int) -> int:
     """The largest micro-batch size whose peak is within ``budget`` (0: not even 1): found on the line through
     micro-batches 1 and 2 (the peak grows with the size), then confirmed by tracing that size and the next."""
-    def fits(size: int, on: Tracer = tracer) -> bool:
-        return layout_memory(layout, on, size).device.peak <= budget
+    def fits_on(on: Tracer) -> Callable[[int], bool]:
+        return lambda size: layout_memory(layout, on, size).device.peak <= budget
 
-    if not fits(1):
+    on_the_line = fits_on(tracer)
+    if not on_the_line(1):
         return 0
-    low, high = 1, 2
-    while high <= limit and fits(high):
-        low, high = high, high * 2
-    high = min(high, limit + 1)
-    while high - low > 1:  # fits(low), not fits(high)
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
+    low = _grow(on_the_line, 1, limit)
     if low <= 2:
         return low  # traced, not read on the line
-    exact = tracer.exactly()
-    if fits(low, exact):  # the line may be low: up while the traces fit, doubling the step, then halving it
-        high = low + 1
-        while high <= limit and fits(high, exact):
-            low, high = high, high + 2 * (high - low)
-        high = min(high, limit + 1)
-    else:  # the line was high: the largest traced size that fits, between 1 (fits) and low (does not)
-        low, high = 1, low
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle, exact) else (low, middle)
-    return low
+    traced = fits_on(tracer.exactly())
+    # the line may be low (go on up while the traces fit) or high (the largest traced size below it)
+    return _grow(traced, low, limit) if traced(low) else _bisect(traced, 1, low)
 
 
 def _row(layout: Layout, source: ModelSource, tracers: dict, budget: int, search: bool,
