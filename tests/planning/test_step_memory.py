@@ -87,3 +87,13 @@ def test_tiny_transformers_models_predicted_exactly(family):
         measured = training_step_memory(build, batch, mixed_precision=mixed_precision, fake=False)
         assert predicted == measured, mixed_precision
         assert predicted.activations > 0 and predicted.parameters == parameter_bytes(build())
+
+
+def test_the_last_output_is_alive_through_the_optimizer_step_as_in_a_training_loop():
+    batch, width = 64, 4096  # the output (1 MiB in fp32) outweighs the model's state
+    phases = training_step_memory(lambda: nn.Linear(8, width), lambda: torch.randn(batch, 8), by_phase=True)
+    weights = 8 * width * 4 + width * 4
+    output = batch * width * 4
+    step = phases["optimizer"]
+    assert step.parameters == weights and step.optimizer_state >= 2 * weights
+    assert step.activations + step.temporaries >= output  # the loop's `outputs` has not been released yet

@@ -116,7 +116,12 @@ def run_steps(model: nn.Module, optim: torch.optim.Optimizer, tracker: Any, make
     """``steps`` training steps of ``model`` under ``tracker`` (``micro_batches`` forwards under autocast for
     ``"bf16"`` / ``"fp16"`` and backwards, the gradients accumulating, then the optimizer step and ``zero_grad``).
     Returns the peak of each phase over the steps, ``{"forward_backward": ..., "optimizer": ...}``: the tracker is
-    entered once per phase (entering starts a new peak), so that each phase's parts can be scaled on their own."""
+    entered once per phase (entering starts a new peak), so that each phase's parts can be scaled on their own.
+
+    The last micro-batch's batch and output stay alive through the optimizer step, as in a training loop that
+    writes ``outputs = model(**batch); accelerator.backward(outputs.loss); optimizer.step()``: a Transformers
+    output holds its logits and, for a decoder, the key/value cache, which count when the peak is the optimizer's
+    (activation checkpointing makes it so more often)."""
     phases: dict[str, MemoryBreakdown] = {}
 
     def keep(phase: str) -> None:
@@ -125,19 +130,21 @@ def run_steps(model: nn.Module, optim: torch.optim.Optimizer, tracker: Any, make
             phases[phase] = found
 
     for step in range(steps):
+        batch = output = None
         with tracker:
             for _ in range(micro_batches):
+                del batch, output  # the previous micro-batch's, before the next forward
                 batch = make_batch()
                 autocast = (torch.autocast("cpu", dtype=_AUTOCAST[mixed_precision]) if mixed_precision != "no"
                             else contextlib.nullcontext())
                 with autocast:
                     output = _call(model, batch)
                 loss(output).backward()
-                del batch, output
         keep("forward_backward")
         with tracker:
             optim.step()
             optim.zero_grad()
+            del batch, output
         keep("optimizer")
         if step < steps - 1:
             tracker.reset_mod_stats()  # the tracker's per-module records are per step
