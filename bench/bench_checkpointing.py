@@ -20,11 +20,15 @@ with the per-file checksums of the completion marker (default) and without (``HA
 alternated. Target: checksums add < 5% to save and to load.
 
     python bench/bench_checkpointing.py --async       # save_state(async_save=True) stall (~100M parameters)
+    python bench/bench_checkpointing.py --paired      # ~100M parameters: hasten vs torch vs the reference, 30 rounds
 
 The training stall of an asynchronous save: the time from calling ``save_state`` until it returns, with
 ``async_save=True`` (snapshot copied to CPU memory, files written in the background) vs a synchronous save of
-the same ~100M-parameter model with AdamW, alternated; ``async-complete`` is the time until the asynchronous
-save is complete on disk (``wait_for_checkpoint``), with nothing else running. Target: stall <= 0.25x sync.
+the same ~100M-parameter model with AdamW, alternated; ``async+step`` is ``save_state`` followed at once by
+``optimizer.step()`` (which waits for the copy of the parameters and moments the save leaves to its background
+thread: the worst case, with no forward and backward to overlap it); ``async-complete`` is the time until the
+asynchronous save is complete on disk (``wait_for_checkpoint``), with nothing else running. Target (issue 40):
+stall <= 0.05x sync.
 """
 from __future__ import annotations
 
@@ -148,22 +152,29 @@ def main():
     return rows + checksum_cost()
 
 
-def checksum_cost():
-    """save_state / load_state with and without the marker's checksums, alternated (paired)."""
+def small_setup(prefix: str, names: tuple):
+    """The ~100M-parameter model with AdamW prepared by hasten, a root folder for the files and one ``Folders`` per
+    variant name: ``(root, model, optimizer, size in GB of files, accelerator, folders)``."""
     from hasten import Accelerator
-    from hasten.checkpointing import checksums
     from hasten.state import AcceleratorState
 
-    root = Path(os.environ.get("BENCH_CHECKPOINT_DIR") or tempfile.mkdtemp(prefix="hasten-bench-crc-"))
+    root = Path(os.environ.get("BENCH_CHECKPOINT_DIR") or tempfile.mkdtemp(prefix=f"hasten-bench-{prefix}-"))
     root.mkdir(parents=True, exist_ok=True)
     model, optimizer = build(SMALL_LAYERS)
     size = 3 * sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
-    print(f"checksums: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {size:.2f} GB of files, "
-          f"algorithm {checksums.default_algorithm()}", flush=True)
     AcceleratorState._reset_state(True)
     ours = Accelerator(cpu=True)
     ours.prepare(model, optimizer)
-    folders = {name: Folders(root, name) for name in ("off", "on")}
+    return root, model, optimizer, size, ours, {name: Folders(root, name) for name in names}
+
+
+def checksum_cost():
+    """save_state / load_state with and without the marker's checksums, alternated (paired)."""
+    from hasten.checkpointing import checksums
+
+    root, model, optimizer, size, ours, folders = small_setup("crc", ("off", "on"))
+    print(f"checksums: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {size:.2f} GB of files, "
+          f"algorithm {checksums.default_algorithm()}", flush=True)
 
     def with_checksums(enabled: bool, function):
         previous = os.environ.get(checksums.ENV_VARIABLE)
@@ -200,19 +211,9 @@ def checksum_cost():
 
 def async_stall():
     """How long save_state blocks the training loop: synchronous vs async_save=True, alternated (paired)."""
-    from hasten import Accelerator
-    from hasten.state import AcceleratorState
-
-    root = Path(os.environ.get("BENCH_CHECKPOINT_DIR") or tempfile.mkdtemp(prefix="hasten-bench-async-"))
-    root.mkdir(parents=True, exist_ok=True)
-    model, optimizer = build(SMALL_LAYERS)
-    size = 3 * sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+    root, model, optimizer, size, ours, folders = small_setup("async", ("sync", "async", "complete"))
     print(f"async: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {size:.2f} GB of files",
           flush=True)
-    AcceleratorState._reset_state(True)
-    ours = Accelerator(cpu=True)
-    ours.prepare(model, optimizer)
-    folders = {name: Folders(root, name) for name in ("sync", "async", "complete")}
 
     def sync():
         folder = folders["sync"].fresh()
@@ -228,8 +229,15 @@ def async_stall():
         folder = folders["complete"].fresh()
         return timed(lambda: (ours.save_state(folder, async_save=True), ours.wait_for_checkpoint()))
 
+    def step_right_after():  # the worst case: the optimizer steps at once, nothing to overlap the copy with
+        folder = folders["async"].fresh()
+        stall = timed(lambda: (ours.save_state(folder, async_save=True), optimizer.step()))
+        ours.wait_for_checkpoint()
+        return stall
+
     try:
         rows = compare(f"save_state {size:.1f} GB, training stall", {"sync": sync, "async": background,
+                                                                     "async+step": step_right_after,
                                                                      "async-complete": complete},
                        repeats=5, baseline="sync")
     finally:
@@ -238,8 +246,86 @@ def async_stall():
     return rows
 
 
+def paired(pairs: int = 30):
+    """Full-state save / load, hasten vs plain torch vs the reference, ``pairs`` rounds: in each round every variant
+    saves into a new folder, then every variant loads its own, the order rotating round by round; reported: the
+    medians and the median of the per-round ratios to plain torch (issue 40)."""
+    import statistics
+
+    import torch
+
+    root, model, optimizer, size, ours, folders = small_setup("paired", ("torch", "torch+fsync", "hasten",
+                                                                         "accelerate"))
+    print(f"paired: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters + AdamW, {size:.2f} GB of "
+          f"files, {pairs} rounds", flush=True)
+
+    def torch_save():
+        folder = folders["torch"].fresh()
+        folder.mkdir()
+        return timed(lambda: (torch.save(model.state_dict(), folder / "model.pt"),
+                              torch.save(optimizer.state_dict(), folder / "optimizer.pt")))
+
+    def torch_load():
+        folder = folders["torch"].last
+        return timed(lambda: (model.load_state_dict(torch.load(folder / "model.pt", weights_only=True)),
+                              optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))))
+
+    def torch_durable_save():  # the same files as torch_save, on disk when it returns (what hasten guarantees)
+        folder = folders["torch+fsync"].fresh()
+        folder.mkdir()
+
+        def save():
+            for name, state in (("model.pt", model.state_dict()), ("optimizer.pt", optimizer.state_dict())):
+                with open(folder / name, "wb") as handle:
+                    torch.save(state, handle)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+        return timed(save)
+
+    def torch_durable_load():
+        folder = folders["torch+fsync"].last
+        return timed(lambda: (model.load_state_dict(torch.load(folder / "model.pt", weights_only=True)),
+                              optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))))
+
+    variants = {"torch": (torch_save, torch_load), "torch+fsync": (torch_durable_save, torch_durable_load),
+                "hasten": (lambda: timed(lambda: ours.save_state(folders["hasten"].fresh())),
+                           lambda: timed(lambda: ours.load_state(folders["hasten"].last)))}
+    if is_installed("accelerate"):
+        import accelerate
+
+        reference = accelerate.Accelerator(cpu=True)
+        reference.prepare(model, optimizer)
+        variants["accelerate"] = (lambda: timed(lambda: reference.save_state(str(folders["accelerate"].fresh()))),
+                                  lambda: timed(lambda: reference.load_state(str(folders["accelerate"].last))))
+    names = list(variants)
+    times = {(name, what): [] for name in names for what in ("save", "load")}
+    try:
+        for name in names:  # warm-up
+            variants[name][0](), variants[name][1]()
+        for round_ in range(pairs):
+            order = names[round_ % len(names):] + names[:round_ % len(names)]
+            for step, what in enumerate(("save", "load")):
+                for name in order:
+                    times[(name, what)].append(variants[name][step]())
+    finally:
+        if not os.environ.get("BENCH_CHECKPOINT_DIR"):
+            shutil.rmtree(root, ignore_errors=True)
+    rows = []
+    for what in ("save", "load"):
+        for name in names:
+            mine = times[(name, what)]
+            ratio = statistics.median(a / b for a, b in zip(mine, times[("torch", what)]))
+            rows.append({"benchmark": f"{what}_state {size:.1f} GB, paired", "variant": name,
+                         "median_s": statistics.median(mine), "ratio": ratio, "rounds": pairs})
+            print(f"{what:<5} {name:<12} median {statistics.median(mine):.3f} s  median per-round ratio to torch "
+                  f"{ratio:.2f}x", flush=True)
+    return rows
+
+
 if __name__ == "__main__":
-    if "--checksums" in sys.argv:
+    if "--paired" in sys.argv:
+        paired(int(os.environ.get("BENCH_PAIRS", 30)))
+    elif "--checksums" in sys.argv:
         checksum_cost()
     elif "--async" in sys.argv:
         async_stall()

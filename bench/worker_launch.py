@@ -24,15 +24,18 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def launch_worker(script: str, worker: str, extra_env: Optional[dict] = None, label: Optional[str] = None) -> dict:
-    """Run ``script --worker WORKER OUT`` on 2 processes (``OMP_NUM_THREADS=1``, this checkout's hasten) and return
-    the JSON its main rank wrote to OUT. ``label`` names the variant in the file name and in a failure."""
+def launch_worker(script: str, worker: str, extra_env: Optional[dict] = None, label: Optional[str] = None,
+                  processes: int = 2, args: tuple = ()) -> dict:
+    """Run ``script --worker WORKER OUT *args`` on ``processes`` processes (``OMP_NUM_THREADS=1``, this checkout's
+    hasten) and return the JSON its main rank wrote to OUT. ``label`` names the variant in the file name and in a
+    failure."""
     label = label or worker
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
     env.update(extra_env or {})
     out = Path(tempfile.gettempdir()) / f"hasten-bench-{Path(script).stem}-{os.getpid()}-{label}.json"
-    command = [sys.executable, "-m", "hasten", "launch", "-n", "2", script, "--worker", worker, str(out)]
+    command = [sys.executable, "-m", "hasten", "launch", "-n", str(processes), script, "--worker", worker, str(out),
+               *args]
     with open(LOCK, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         code = subprocess.call(command, env=env)

@@ -31,17 +31,20 @@ def train(accelerator, model, optimizer, steps=2):
         optimizer.zero_grad()
 
 
-def blocked_writer(monkeypatch):
-    """Make the background writing wait for ``release``; ``started`` is set once it began."""
+def blocked_writer(monkeypatch, failure=None):
+    """Make the background writing of the files wait for ``release``; ``started`` is set once it began. Once
+    released, the writing raises ``failure[0]`` when the test put an error there."""
     started, release = threading.Event(), threading.Event()
-    original = checkpoint_io.write_shared_files
+    original = checkpoint_io.write_files
 
     def write(*args, **kwargs):
         started.set()
         assert release.wait(20), "the test never released the writer"
+        if failure:
+            raise failure[0]
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(checkpoint_io, "write_shared_files", write)
+    monkeypatch.setattr(checkpoint_io, "write_files", write)
     return started, release
 
 
@@ -92,16 +95,13 @@ def test_failed_background_write_keeps_the_previous_checkpoint_and_raises_on_the
     project = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
     accelerator, model, optimizer = build(project_config=project)
     first = accelerator.save_state()
-    started, release = blocked_writer(monkeypatch)
+    failure = []
+    started, release = blocked_writer(monkeypatch, failure)
     accelerator.save_state(async_save=True)
     assert started.wait(10)
     root = tmp_path / "checkpoints"
     assert newest_complete_checkpoint(root).name == "checkpoint_0"  # a crash now: the previous one stays newest
-
-    def broken(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(checkpoint_io, "write_process_files", broken)
+    failure.append(OSError(28, "No space left on device"))
     release.set()
     with pytest.raises(CheckpointError, match="asynchronous save_state.*checkpoint_1.*never completed"):
         accelerator.save_state(async_save=True)  # the next call surfaces the background error
@@ -118,6 +118,62 @@ def test_failed_background_write_keeps_the_previous_checkpoint_and_raises_on_the
     assert accelerator.load_state().endswith("checkpoint_4")
 
 
+def test_the_next_save_waits_for_an_unfinished_async_save_says_so_once_and_both_complete_in_order(
+        tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(async_save, "_said_waiting", False)  # an earlier test of this process may have said it
+    real_writer = checkpoint_io.write_files
+    accelerator, model, optimizer = build()
+    started, release = blocked_writer(monkeypatch)
+    first = accelerator.save_state(tmp_path / "first", async_save=True)
+    assert started.wait(10)
+    threading.Timer(0.5, release.set).start()  # the first save finishes while the next one waits for it
+    with caplog.at_level("WARNING", logger="hasten.checkpointing.async_save"):
+        second = accelerator.save_state(tmp_path / "second")
+        said = [r for r in caplog.records if "still being written" in r.getMessage()]
+        assert len(said) == 1 and "first" in said[0].getMessage()
+        assert is_complete(first) and is_complete(second)
+        marker = "hasten_checkpoint.json"
+        assert (tmp_path / "first" / marker).stat().st_mtime_ns <= (tmp_path / "second" / marker).stat().st_mtime_ns
+        monkeypatch.setattr(checkpoint_io, "write_files", real_writer)  # "said once" stays said
+        caplog.clear()
+        started, release = blocked_writer(monkeypatch)
+        accelerator.save_state(tmp_path / "third", async_save=True)
+        assert started.wait(10)
+        threading.Timer(0.2, release.set).start()
+        accelerator.save_state(tmp_path / "fourth", async_save=True)  # waits again, silently this time
+        assert accelerator.wait_for_checkpoint().endswith("fourth")
+        assert not [r for r in caplog.records if "still being written" in r.getMessage()]
+    assert is_complete(tmp_path / "third") and is_complete(tmp_path / "fourth")
+
+
 def test_two_processes_save_asynchronously_while_training(tmp_path):
     result = run_launch("check_async_save.py", tmp_path, timeout=120)
     assert "ASYNC SAVE OK" in result.stdout
+
+
+def test_parameters_and_moments_are_copied_after_save_returns_and_before_the_next_optimizer_step(tmp_path,
+                                                                                               monkeypatch):
+    accelerator, model, optimizer = build()
+    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
+    copying, release = threading.Event(), threading.Event()
+    original = async_save.copy_now
+
+    def held_copy(pairs):
+        copying.set()
+        assert release.wait(20), "the test never released the copy"
+        original(pairs)
+
+    monkeypatch.setattr(async_save, "copy_now", held_copy)
+    folder = accelerator.save_state(tmp_path / "async", async_save=True)  # returns with the copy still to do
+    assert copying.wait(10)
+    accelerator.backward(model(torch.randn(3, 4)).pow(2).mean())  # forward and backward do not wait
+    stepped = threading.Event()
+    stepper = threading.Thread(target=lambda: (optimizer.step(), stepped.set()))
+    stepper.start()
+    assert not stepped.wait(0.5)  # the step waits for the copy of what it is about to change
+    release.set()
+    stepper.join(10)
+    assert stepped.is_set() and not torch.equal(model.get_parameter("0.weight"), expected["0.weight"])
+    accelerator.wait_for_checkpoint()
+    saved = load_file(f"{folder}/model.safetensors")  # the weights as they were when save_state was called
+    assert saved.keys() == expected.keys() and all(torch.equal(saved[name], expected[name]) for name in saved)

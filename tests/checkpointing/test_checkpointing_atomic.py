@@ -42,17 +42,23 @@ def build(project_dir=None, seed=0):
     return accelerator, model, optimizer
 
 
-def test_a_save_killed_while_writing_leaves_the_previous_checkpoint_loadable(tmp_path):
-    child = subprocess.Popen([sys.executable, str(HERE / "checkpoint_killed_save.py"), str(tmp_path)],
+@pytest.mark.parametrize("moment", ["while_writing", "before_marker"])
+def test_a_save_killed_while_writing_leaves_the_previous_checkpoint_loadable(tmp_path, moment):
+    child = subprocess.Popen([sys.executable, str(HERE / "checkpoint_killed_save.py"), str(tmp_path), moment],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=ROOT)
+    signal_line = "HALF WRITTEN" if moment == "while_writing" else "DATA WRITTEN"
     try:
         deadline = time.monotonic() + 120
         line = ""
-        while time.monotonic() < deadline and "HALF WRITTEN" not in line:
+        while time.monotonic() < deadline and signal_line not in line:
             line = child.stdout.readline()
             if not line and child.poll() is not None:
                 break
-        assert "HALF WRITTEN" in line, child.stderr.read()
+        assert signal_line in line, child.stderr.read()
+        if moment == "while_writing":  # the writers ran side by side: killed with one file done, one half written
+            assert "model file closed: True" in line
+        else:
+            assert "model.safetensors" in line and "optimizer.bin" in line
         child.send_signal(signal.SIGKILL)
     finally:
         child.kill()

@@ -16,7 +16,7 @@ from .errors import CheckpointError
 if TYPE_CHECKING:
     from ..collectives.process_view import ProcessView
 
-__all__ = ["together", "raise_if_any_failed", "gather_failures"]
+__all__ = ["together", "together_reporting", "raise_if_any_failed", "gather_failures"]
 
 T = TypeVar("T")
 
@@ -30,6 +30,14 @@ def gather_failures(error: Optional[BaseException],
     return [(index, found[0], found[1]) for index, found in enumerate(outcomes) if found is not None]
 
 
+def _raise_first(error: Optional[BaseException], failures: list, during: str) -> None:
+    if error is not None:
+        raise error
+    if failures:
+        index, kind, text = failures[0]
+        raise CheckpointError(f"{during} failed on process {index} (so it stops here too): {kind}: {text}")
+
+
 def raise_if_any_failed(error: Optional[BaseException], during: str, processes: Optional[ProcessView] = None) -> None:
     """Collective (over ``processes``, default every process): re-raise ``error`` here, or raise
     ``CheckpointError`` if another process had one."""
@@ -38,12 +46,7 @@ def raise_if_any_failed(error: Optional[BaseException], during: str, processes: 
         if error is not None:
             raise error
         return
-    failures = gather_failures(error)
-    if error is not None:
-        raise error
-    if failures:
-        index, kind, text = failures[0]
-        raise CheckpointError(f"{during} failed on process {index} (so it stops here too): {kind}: {text}")
+    _raise_first(error, gather_failures(error), during)
 
 
 def together(during: str, function: Callable[..., T], *args: Any, processes: Optional[ProcessView] = None,
@@ -57,3 +60,21 @@ def together(during: str, function: Callable[..., T], *args: Any, processes: Opt
         raise  # unreachable: raise_if_any_failed raised
     raise_if_any_failed(None, during, processes)
     return result
+
+
+def together_reporting(during: str, function: Callable[..., T], *args: Any, report: Callable[[], Any],
+                       processes: Optional[ProcessView] = None, **kwargs: Any) -> tuple[T, list]:
+    """``together``, where each process that succeeded also hands in ``report()`` (small: it travels with the
+    outcome, in the same exchange). Returns ``(result, every process's report, in process order)``."""
+    state = processes or PartialState()
+    error = result = None
+    try:
+        result = function(*args, **kwargs)
+        mine = (None, report())
+    except Exception as caught:  # noqa: BLE001 - raised below, once every process knows
+        error = caught
+        mine = ((type(caught).__name__, str(caught)), None)
+    exchanged = gather_object([mine]) if state.use_distributed else [mine]
+    failures = [(index, outcome[0], outcome[1]) for index, (outcome, _) in enumerate(exchanged) if outcome]
+    _raise_first(error, failures, during)
+    return result, [found for _, found in exchanged]

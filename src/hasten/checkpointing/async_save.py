@@ -25,6 +25,7 @@ import copy
 import dataclasses
 import logging
 import threading
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -37,7 +38,7 @@ from .weights import _alias_key
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["detached_copy", "release_snapshot_memory", "completion_group", "PendingSave", "WriteNow",
+__all__ = ["detached_copy", "staged_copy", "copy_now", "optimizer_storage", "release_snapshot_memory", "completion_group", "PendingSave", "WriteNow",
            "WriteInBackground", "start", "wait_for_pending", "pending"]
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,11 @@ def _buffer(index: int, tensor: torch.Tensor, reuse: bool) -> torch.Tensor:
 
 
 def detached_copy(obj: Any, reuse: bool = False) -> Any:
+    """A copy of ``obj`` sharing no memory with the live objects (``staged_copy`` with nothing left for later)."""
+    return staged_copy(obj, reuse)[0]
+
+
+def staged_copy(obj: Any, reuse: bool = False, later: frozenset = frozenset()) -> tuple[Any, list]:
     """A copy of a nested state (dicts, lists, tuples, tensors, plain values) sharing no memory with the live
     objects: every tensor copied to CPU memory (two names of one tensor stay one tensor, so tied weights are
     still stored once). Tensors on an accelerator are copied into pinned memory, with one synchronisation at
@@ -81,10 +87,16 @@ def detached_copy(obj: Any, reuse: bool = False) -> Any:
     ``reuse``: copy into the CPU tensors of the previous call with ``reuse`` (same order, shapes and dtypes)
     instead of new ones. Allocating (and the kernel zeroing) fresh memory costs several times more than the
     copy itself, so an asynchronous save keeps its copy for the next one (one CPU copy of the state stays
-    allocated; ``release_snapshot_memory`` frees it). Only valid once the previous copy's save is complete."""
+    allocated; ``release_snapshot_memory`` frees it). Only valid once the previous copy's save is complete.
+
+    ``later``: storage addresses (``untyped_storage().data_ptr()``) of tensors whose copy may wait — parameters
+    and optimizer state, which only the optimizer's next step changes: their buffers are allocated and placed in
+    the result now, and ``(buffer, tensor)`` pairs returned for ``copy_now`` to fill before that step. Returns
+    ``(copy, pairs left to copy)``."""
     memo: dict = {}
     devices: set = set()
     count = [0]
+    left: list = []
 
     def copy_tensor(tensor: torch.Tensor) -> torch.Tensor:
         key = _alias_key(tensor)
@@ -93,9 +105,12 @@ def detached_copy(obj: Any, reuse: bool = False) -> Any:
         tensor = tensor.detach()
         result = _buffer(count[0], tensor, reuse)
         count[0] += 1
-        result.copy_(tensor, non_blocking=tensor.device.type == "cuda")
-        if tensor.device.type != "cpu":
-            devices.add(tensor.device)
+        if later and _storage_address(tensor) in later:
+            left.append((result, tensor))
+        else:
+            result.copy_(tensor, non_blocking=tensor.device.type == "cuda")
+            if tensor.device.type != "cpu":
+                devices.add(tensor.device)
         if key is not None:
             memo[key] = result
         return result
@@ -132,8 +147,74 @@ def detached_copy(obj: Any, reuse: bool = False) -> Any:
     for device in devices:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    return result
+    return result, left
 
+
+def _storage_address(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return -1  # a tensor without ordinary storage: copied at once
+
+
+def copy_now(pairs: list) -> None:
+    """Fill the buffers ``staged_copy`` left for later (``(buffer, live tensor)`` pairs)."""
+    devices = set()
+    for buffer, tensor in pairs:
+        buffer.copy_(tensor, non_blocking=tensor.device.type == "cuda")
+        if tensor.device.type == "cuda":
+            devices.add(tensor.device)
+    for device in devices:
+        torch.cuda.synchronize(device)
+
+
+def optimizer_storage(optimizers: list) -> frozenset:
+    """Storage addresses of the parameters and optimizer state of ``optimizers`` (prepared or plain)."""
+    found = set()
+    for optimizer in optimizers:
+        inner = getattr(optimizer, "optimizer", optimizer)
+        for group in getattr(inner, "param_groups", []):
+            for parameter in group["params"]:
+                local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+                found.add(_storage_address(local))
+                for value in inner.state.get(parameter, {}).values():
+                    if isinstance(value, torch.Tensor):
+                        value = value.to_local() if hasattr(value, "to_local") else value
+                        found.add(_storage_address(value))
+    found.discard(-1)
+    return frozenset(found)
+
+
+# ----------------------------------------------------------------------------- copying before the next step
+class _Staging:
+    """The copy an asynchronous save leaves for its background thread (``copy_now``), and the one-time wait of the
+    optimizers' next step for it: until it is done, ``optimizer.step()`` (through a step pre-hook registered once
+    per optimizer) blocks; the hook costs one attribute test when nothing is pending."""
+
+    def __init__(self) -> None:
+        self.done: Optional[threading.Event] = None
+        self.error: Optional[BaseException] = None
+        self._hooked: "weakref.WeakSet" = weakref.WeakSet()
+
+    def begin(self, optimizers: list) -> threading.Event:
+        for optimizer in optimizers:
+            inner = getattr(optimizer, "optimizer", optimizer)
+            if hasattr(inner, "register_step_pre_hook") and inner not in self._hooked:
+                inner.register_step_pre_hook(self._before_step)
+                self._hooked.add(inner)
+        self.done = threading.Event()
+        return self.done
+
+    def wait(self) -> None:
+        done = self.done
+        if done is not None:
+            done.wait()
+
+    def _before_step(self, *_: Any) -> None:
+        self.wait()
+
+
+_staging = _Staging()
 
 # ----------------------------------------------------------------------------- agreeing in the background
 def completion_group() -> Optional[ProcessGroup]:
@@ -219,7 +300,7 @@ class WriteNow:
 
     group = None  # the writers' collectives use the run's default group
 
-    def copy(self, snapshot: Any) -> Any:
+    def copy(self, snapshot: Any, optimizers: list = (), hooks: bool = False) -> Any:
         return snapshot
 
     def run(self, transaction: Any, run_hooks: Callable[[Path], None], write: Callable[[Path], None],
@@ -241,15 +322,30 @@ class WriteNow:
 
 class WriteInBackground:
     """An asynchronous save's writing, the same steps as ``WriteNow`` around the same format: the snapshot copied
-    to CPU memory (``detached_copy``), the save hooks on the calling thread, then writing and completing in a
-    background thread (``PendingSave``) that agrees on a gloo group of its own (``completion_group``).
-    ``every_process``: every process takes part (else this one alone: no group)."""
+    to CPU memory (``staged_copy``: the parameters and optimizer state by the background thread, before the
+    optimizers' next step), the save hooks on the calling thread, then writing and completing in a background
+    thread (``PendingSave``) that agrees on a gloo group of its own (``completion_group``). ``every_process``:
+    every process takes part (else this one alone: no group)."""
 
     def __init__(self, every_process: bool):
         self.group = completion_group() if every_process else None  # collective, on the first async save
+        self._left: list = []
+        self._optimizers: list = []
 
-    def copy(self, snapshot: Any) -> Any:
-        return detached_copy(snapshot, reuse=True)
+    def copy(self, snapshot: Any, optimizers: list = (), hooks: bool = False) -> Any:
+        """The snapshot's copy, with the parameters' and ``optimizers``' state left for the background thread to
+        copy before the optimizers' next step (``staged_copy``); all of it now when save ``hooks`` will read it."""
+        later = optimizer_storage(list(optimizers)) if not hooks else frozenset()
+        copied, self._left = staged_copy(snapshot, reuse=True, later=later)
+        self._optimizers = list(optimizers)
+        return copied
+
+    def _copy_left(self, done: threading.Event) -> None:
+        try:
+            copy_now(self._left)
+        finally:
+            self._left = []
+            done.set()  # the optimizers' next step goes on (a failure is reported by the save)
 
     def run(self, transaction: Any, run_hooks: Callable[[Path], None], write: Callable[[Path], None],
             complete: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
@@ -268,8 +364,14 @@ class WriteInBackground:
                 failed(error)
                 raise
 
-        start(PendingSave(transaction.final, lambda: write(transaction.staging), complete_or_report, abandon,
-                          self.group))
+        done = _staging.begin(self._optimizers) if self._left else None
+
+        def copy_then_write() -> None:
+            if done is not None:
+                self._copy_left(done)
+            write(transaction.staging)
+
+        start(PendingSave(transaction.final, copy_then_write, complete_or_report, abandon, self.group))
 
     def finish_alone(self, folder: Path, finish: Callable[[], None],
                      abandon: Callable[[BaseException], None]) -> None:
@@ -289,13 +391,22 @@ def pending() -> Optional[PendingSave]:
     return _pending if _pending is not None and not _pending.done() else None
 
 
-def wait_for_pending() -> Optional[str]:
+_said_waiting = False
+
+
+def wait_for_pending(before: Optional[str] = None) -> Optional[str]:
     """Wait until this process's asynchronous save (if any) is complete; returns its folder. Raises
-    ``CheckpointError`` if it failed (then it is forgotten: the previous checkpoint is still the newest)."""
-    global _pending
+    ``CheckpointError`` if it failed (then it is forgotten: the previous checkpoint is still the newest).
+    ``before`` names what waits (``"the next save"``): when the previous save is still writing, that is logged,
+    once per process, since it means saves come faster than the disk takes them."""
+    global _pending, _said_waiting
     save = _pending
     if save is None:
         return None
+    if before is not None and not save.done() and not _said_waiting:
+        _said_waiting = True
+        logger.warning("The asynchronous save to %s is still being written: %s waits for it to finish (said once; "
+                       "saves are coming faster than this disk writes them).", save.folder, before)
     save.join()
     _pending = None
     if save.error is not None:

@@ -36,7 +36,8 @@ from .layout import MARKER_NAME
 from .serialization import fsync_file  # the one implementation, shared with hasten.utils.save
 
 __all__ = ["staging_folder", "replaced_folder", "fsync_file", "fsync_folder", "write_marker", "read_marker",
-           "verify_complete", "start_content_check", "content_changed", "is_complete", "swap_into_place",
+           "verify_complete", "start_content_check", "file_shares", "content_changed", "CONTENT_CHANGED", "is_complete",
+           "swap_into_place",
            "recover_interrupted_swap", "remove_folder", "files_of", "MARKER_FORMAT", "SaveLock", "LOCK_NAME",
            "lock_holder_alive", "read_lock", "STAGING_SUFFIX"]
 
@@ -89,14 +90,18 @@ def files_of(folder: Path) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- the marker
-def write_marker(folder: Path, metadata: dict) -> dict:
-    """Flush every file of ``folder``, then write the completion marker listing them; returns the marker."""
+def write_marker(folder: Path, metadata: dict, known_checksums: Optional[dict] = None) -> dict:
+    """Flush every file of ``folder``, then write the completion marker listing them; returns the marker.
+    ``known_checksums``: ``{relative path: checksum}`` the writing processes computed once each file was on disk
+    (the others are flushed and checksummed here), so the marker's writer does no work per file of the others."""
     files = files_of(folder)
+    known_checksums = known_checksums or {}
     for relative in files:
-        fsync_file(folder / relative)
+        if relative not in known_checksums:  # those were flushed by the process that wrote them, then reported
+            fsync_file(folder / relative)
     marker = {"format": MARKER_FORMAT, "complete": True, "written_at": time.time(), **metadata, "files": files}
     if checksums_enabled():  # read back from the page cache: the files were just written
-        marker["checksums"] = checksums_of(folder, files)
+        marker["checksums"] = checksums_of(folder, files, known_checksums)
     temporary = folder / f".{MARKER_NAME}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
         json.dump(marker, handle, indent=1, sort_keys=True)
@@ -135,15 +140,36 @@ def is_complete(folder: Union[str, os.PathLike]) -> bool:
         return False
 
 
-def start_content_check(folder: Path, marker: Optional[dict]) -> Callable[[], Optional[tuple[str, str, str]]]:
+def start_content_check(folder: Path, marker: Optional[dict],
+                        share: tuple[int, int] = (0, 1)) -> Callable[[], Optional[tuple[str, str, str]]]:
     """Start recomputing the checksums the marker recorded (in the background); returns ``wait()``, which gives
-    None or ``(file, checksum now, checksum saved)`` of a file whose content changed."""
+    None or ``(file, checksum now, checksum saved)`` of a file whose content changed. ``share``: ``(this process,
+    processes)`` — each checks its share of the files (``file_shares``), so that a load on many processes reads
+    the checkpoint back once, not once per process; the caller makes every process hear of a mismatch."""
     checksums = marker.get("checksums") if marker else None
     if not isinstance(checksums, dict) or not checksums_enabled():
         return lambda: None
     recorded = {relative: value for relative, value in checksums.items()
                 if relative in marker["files"] and isinstance(value, str)}
-    return check_files_later(Path(folder), recorded)
+    mine = file_shares({relative: marker["files"][relative] for relative in recorded}, share[1])[share[0]]
+    return check_files_later(Path(folder), {relative: recorded[relative] for relative in mine})
+
+
+def file_shares(sizes: dict[str, int], processes: int) -> list[list[str]]:
+    """The files of ``sizes`` (relative path -> bytes) dealt to ``processes`` so that each reads about as many
+    bytes: the largest first, each to the process with the fewest bytes so far (ties: the lowest index). The
+    same on every process, since it depends on the marker alone."""
+    shares: list[list[str]] = [[] for _ in range(max(1, processes))]
+    loads = [0] * len(shares)
+    for relative in sorted(sizes, key=lambda name: (-int(sizes[name] or 0), name)):
+        lightest = loads.index(min(loads))
+        shares[lightest].append(relative)
+        loads[lightest] += int(sizes[relative] or 0)
+    return shares
+
+
+#: the words every "content changed" error carries (processes recognise each other's by them)
+CONTENT_CHANGED = "its content changed after it was saved"
 
 
 def content_changed(folder: Path, relative: str, found: str, recorded: str) -> CorruptCheckpointError:

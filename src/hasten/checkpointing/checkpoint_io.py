@@ -21,12 +21,14 @@ registered objects; every process its own random states and loader positions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 from . import layout
 from .full_state_reader import LoadedState, apply_full_state, read_full_state
-from .full_files import write_shared_files
+from .full_files import shared_file_writes, write_shared_files
+from .parallel_writes import write_files
 from .weights import state_dict_for_checkpoint
 from .rng import capture_rng_states
 from .targets import CheckpointTargets, loader_state
@@ -107,13 +109,20 @@ def take_snapshot(strategy: CheckpointingStrategy, targets: CheckpointTargets,
 
 def write_full_state(staging: Path, snapshot: Snapshot, *, writes_shared_files: bool, process_index: int,
                      safe_serialization: bool = True) -> None:
-    """Write ``snapshot`` into ``staging``: the shared files when this process writes them, its own always."""
-    if writes_shared_files:
-        write_shared_files(staging, snapshot, safe_serialization)
-    write_process_files(staging, snapshot, process_index)
+    """Write ``snapshot`` into ``staging``: the shared files when this process writes them, its own always; the
+    files side by side (``parallel_writes.py``)."""
+    writes = shared_file_writes(staging, snapshot, safe_serialization) if writes_shared_files else []
+    write_files(writes + process_file_writes(staging, snapshot, process_index))
 
 
 def write_process_files(folder: Path, snapshot: Snapshot, process_index: int) -> None:
-    write_pickle(snapshot.rng, folder / layout.rng_file(process_index), checksum=True)
+    """This process's own files: its random states and, when it has data loaders, their positions."""
+    write_files(process_file_writes(folder, snapshot, process_index))
+
+
+def process_file_writes(folder: Path, snapshot: Snapshot, process_index: int) -> list[Callable[[], None]]:
+    writes = [partial(write_pickle, snapshot.rng, folder / layout.rng_file(process_index), checksum=True)]
     if snapshot.loaders:
-        write_pickle(snapshot.loaders, folder / layout.loader_states_file(process_index), checksum=True)
+        writes.append(partial(write_pickle, snapshot.loaders, folder / layout.loader_states_file(process_index),
+                              checksum=True))
+    return writes

@@ -6,9 +6,10 @@ file, computed right after the file was flushed (it is read back from the page c
 ``load_state`` recomputes it before anything is loaded.
 
 The work overlaps with the rest of the save or load: each file written through ``writers.DurableFile`` is
-checksummed in a background thread as soon as it is closed (while the next file is written), read through
-a memory map (no copy); on load, the checksums are recomputed in background threads while the files are
-parsed, and compared before anything is applied. Both CRC functions release the GIL.
+checksummed from its bytes as they are written (``RunningChecksum``: nothing is read back; several files are
+written at once, ``parallel_writes.py``); a file written otherwise is checksummed in a background thread once
+it is closed (``note_written``), read through a memory map (no copy); on load, the checksums are recomputed in
+background threads while the files are parsed, and compared before anything is applied. Both CRC functions release the GIL.
 
 The CRC is CRC-32C through the ``crc32c`` package when it is installed (hardware instructions, ~14 GB/s),
 else CRC-32 from the standard library's ``zlib`` (~4 GB/s). The marker names the algorithm with each value;
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Union
 
 __all__ = ["checksums_enabled", "default_algorithm", "file_checksum", "check_file", "ENV_VARIABLE",
-           "note_written", "checksums_of", "check_files_later"]
+           "note_written", "note_computed", "noted_under", "RunningChecksum", "checksums_of", "check_files_later"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,32 @@ def _identity(path) -> tuple:
     return status.st_ino, status.st_size, status.st_mtime_ns
 
 
+class RunningChecksum:
+    """The checksum of a file computed from its bytes as they are written (no reading back): ``update`` with each
+    piece in order, then ``note_computed`` once the file is closed."""
+
+    def __init__(self, algorithm: Optional[str] = None):
+        self.algorithm = algorithm or default_algorithm()
+        self._update = _ALGORITHMS[self.algorithm]
+        self._value = 0
+
+    def update(self, data) -> None:
+        self._value = self._update(data, self._value)
+
+    @property
+    def value(self) -> str:
+        return f"{self.algorithm}:{self._value & 0xFFFFFFFF:08x}"
+
+
+def note_computed(path: Union[str, os.PathLike], checksum: RunningChecksum) -> None:
+    """Record the checksum of a file that was just written and closed, computed while it was written."""
+    path = os.path.abspath(os.fspath(path))
+    future: Future = Future()
+    future.set_result(checksum.value)
+    with _pool_lock:
+        _pending[path] = (_identity(path), future)
+
+
 def note_written(path: Union[str, os.PathLike]) -> None:
     """Start checksumming a file that was just written and closed (``checksums_of`` collects the result)."""
     if not checksums_enabled():
@@ -131,18 +158,34 @@ def note_written(path: Union[str, os.PathLike]) -> None:
         _pending[path] = (_identity(path), future)
 
 
-def checksums_of(folder: Path, relatives: Iterable[str]) -> dict[str, str]:
-    """``relative path -> checksum`` of files under ``folder``: those started by ``note_written`` (if the
-    file was not changed since), the others computed now, in parallel."""
+def noted_under(folder: Path) -> dict[str, str]:
+    """``relative path -> checksum`` of the files under ``folder`` this process wrote and noted (``note_written``,
+    ``note_computed``; unchanged since), taken out of the record: what a process hands to the marker's writer."""
+    prefix = os.path.abspath(os.fspath(folder)) + os.sep
+    with _pool_lock:
+        mine = {path: _pending.pop(path) for path in [path for path in _pending if path.startswith(prefix)]}
+    return {path[len(prefix):].replace(os.sep, "/"): future.result() for path, (identity, future) in mine.items()
+            if os.path.exists(path) and identity == _identity(path)}
+
+
+def checksums_of(folder: Path, relatives: Iterable[str], known: Optional[dict] = None) -> dict[str, str]:
+    """``relative path -> checksum`` of files under ``folder``: those in ``known`` (computed by the processes that
+    wrote them), those started by ``note_written`` (if the file was not changed since), the others computed now,
+    in parallel."""
+    known = known or {}
+    relatives = list(relatives)
     started = {}
     for relative in relatives:
+        if relative in known:
+            continue
         path = os.path.abspath(os.fspath(Path(folder) / relative))
         with _pool_lock:
             entry = _pending.pop(path, None)
         if entry is None or entry[0] != _identity(path):
             entry = (None, _executor().submit(file_checksum, path))
         started[relative] = entry[1]
-    return {relative: future.result() for relative, future in started.items()}
+    found = {relative: future.result() for relative, future in started.items()}
+    return {relative: known[relative] if relative in known else found[relative] for relative in relatives}
 
 
 def check_files_later(folder: Path, recorded: dict) -> Callable[[], Optional[tuple]]:

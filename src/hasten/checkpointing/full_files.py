@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from functools import partial
 from typing import Any, Callable, Optional
 
 from ..core.constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME, SCALER_NAME, SCHEDULER_NAME
 from .weights import drop_aliases
 from .optimizer_names import by_position
+from .parallel_writes import write_files
 from .safe_load import load_pickle_file, load_safetensors_file
 from .writers import write_pickle, write_tensors
 
-__all__ = ["FullStateFormat", "write_shared_files"]
+__all__ = ["FullStateFormat", "write_shared_files", "shared_file_writes"]
 
 _CUSTOM_NAME = "custom_checkpoint"
 # What the reference writes for data loaders (a pickled sampler, a stateful loader's shared state): its names.
@@ -113,20 +115,28 @@ class FullStateFormat:
 
 def write_shared_files(folder: Path, snapshot: Any, safe_serialization: bool) -> None:
     """Write the snapshot's models, optimizers, schedulers, scaler and registered objects into ``folder``, each
-    file checksummed (``Snapshot``: ``checkpoint_io.py``); a model whose weights are None is skipped."""
+    file checksummed, side by side (``parallel_writes.py``); a model whose weights are None is skipped."""
+    write_files(shared_file_writes(folder, snapshot, safe_serialization))
+
+
+def shared_file_writes(folder: Path, snapshot: Any, safe_serialization: bool) -> list[Callable[[], None]]:
+    """One call per file ``write_shared_files`` writes (larger files first), to run alongside other writes."""
+    writes: list[Callable[[], None]] = []
     for index, weights in enumerate(snapshot.weights):
         if weights is None:
             continue
         path = folder / FullStateFormat.model_file(index, safe_serialization)
         if safe_serialization:
-            write_tensors(drop_aliases(weights)[0], path, metadata={"format": "pt"}, checksum=True)
+            writes.append(partial(write_tensors, drop_aliases(weights)[0], path, metadata={"format": "pt"},
+                                  checksum=True))
         else:
-            write_pickle(weights, path, checksum=True)
-    for index, state in enumerate(snapshot.optimizers):
-        write_pickle(state, folder / FullStateFormat.optimizer_file(index), checksum=True)
-    for index, state in enumerate(snapshot.schedulers):
-        write_pickle(state, folder / FullStateFormat.scheduler_file(index), checksum=True)
+            writes.append(partial(write_pickle, weights, path, checksum=True))
+    writes = [partial(write_pickle, state, folder / FullStateFormat.optimizer_file(index), checksum=True)
+              for index, state in enumerate(snapshot.optimizers)] + writes  # moments: twice the weights (Adam)
+    writes += [partial(write_pickle, state, folder / FullStateFormat.scheduler_file(index), checksum=True)
+               for index, state in enumerate(snapshot.schedulers)]
     if snapshot.scaler is not None:
-        write_pickle(snapshot.scaler, folder / FullStateFormat.SCALER_NAME, checksum=True)
-    for index, state in enumerate(snapshot.custom):
-        write_pickle(state, folder / FullStateFormat.custom_object_file(index), checksum=True)
+        writes.append(partial(write_pickle, snapshot.scaler, folder / FullStateFormat.SCALER_NAME, checksum=True))
+    writes += [partial(write_pickle, state, folder / FullStateFormat.custom_object_file(index), checksum=True)
+               for index, state in enumerate(snapshot.custom)]
+    return writes

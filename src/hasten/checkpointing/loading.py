@@ -26,7 +26,7 @@ from ..collectives.operations import broadcast_object_list
 from ..state import PartialState
 from . import layout
 from .agreement import gather_failures, together
-from .atomic import content_changed, recover_interrupted_swap, start_content_check, verify_complete
+from .atomic import CONTENT_CHANGED, content_changed, recover_interrupted_swap, start_content_check, verify_complete
 from .contributions import verify_contribution
 from .formats import is_checkpoint_file
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError
@@ -108,12 +108,15 @@ class _Refused(Exception):
 
 def _load_folder(strategy, targets, folder: Path, load_kwargs, device, strict: bool) -> None:
     """Check and read everything (the strategy's checkpoint IO), agree, apply; raises ``_Refused`` before
-    anything is applied."""
+    anything is applied. The files' checksums are checked once in all, each process checking its share
+    (``start_content_check``): a changed file found by any process refuses the load on every process."""
     error = loaded = None
+    state = PartialState()
     try:
         marker = verify_complete(folder, check_content=False)
-        verify_contribution(folder, marker, PartialState().process_index)  # this process's own files, if it added any
-        wait_for_checksums = start_content_check(folder, marker)  # in the background, while the files are parsed
+        verify_contribution(folder, marker, state.process_index)  # this process's own files, if it added any
+        # in the background, while the files are parsed
+        wait_for_checksums = start_content_check(folder, marker, share=(state.process_index, state.num_processes))
         try:
             loaded = strategy.read_checkpoint(folder, marker, targets, load_kwargs=load_kwargs, device=device,
                                                  strict=strict)
@@ -125,11 +128,16 @@ def _load_folder(strategy, targets, folder: Path, load_kwargs, device, strict: b
         error = caught
     failures = gather_failures(error)
     if failures:
-        index, kind, text = failures[0]
-        if error is None:
+        changed = [failure for failure in failures if failure[1] == CorruptCheckpointError.__name__
+                   and CONTENT_CHANGED in failure[2]]
+        index, kind, text = (changed or failures)[0]
+        if changed and not (isinstance(error, CorruptCheckpointError) and CONTENT_CHANGED in str(error)):
+            error = CorruptCheckpointError(text)  # what another process found explains this one's error best
+        elif error is None:
             error = CheckpointError(f"loading {folder} failed on process {index} (so it stops here too): "
                                     f"{kind}: {text}")
-        raise _Refused(error, all(kind in _DAMAGE for _, kind, _ in failures), f"{kind}: {text}")
+        damaged = bool(changed) or all(kind in _DAMAGE for _, kind, _ in failures)
+        raise _Refused(error, damaged, f"{kind}: {text}")
     together("loading the checkpoint", strategy.apply_checkpoint, loaded, targets, strict)
 
 

@@ -72,7 +72,8 @@ def save_state(strategy: CheckpointingStrategy, targets: CheckpointTargets, proj
     the main process saves alone (``participation.py``)."""
     from . import async_save as background
 
-    background.wait_for_pending()  # the previous asynchronous save completes (or raises) before this one
+    # the previous asynchronous save completes (or raises) before this one
+    background.wait_for_pending("the next save_state")
     accepted = strategy.save_options_accepted
     unknown = sorted(set(save_model_func_kwargs) - set(accepted))
     if unknown:
@@ -121,7 +122,8 @@ def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool,
     writing = background.WriteInBackground(every_process=processes is None) if async_save else background.WriteNow()
     options = dict(save_model_func_kwargs) if accepted else {}  # this save's, for the backend's IO
     snapshot = together("collecting the state to save",
-                        lambda: writing.copy(strategy.collect_checkpoint(targets, options)), processes=processes)
+                        lambda: writing.copy(strategy.collect_checkpoint(targets, options), targets.optimizers,
+                                             hooks=bool(targets.save_hooks)), processes=processes)
     if automatic:
         together("cleaning the checkpoints folder",
                  lambda: remove_stale_staging(folder.parent, saving=folder.name)

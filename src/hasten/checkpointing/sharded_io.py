@@ -1,7 +1,9 @@
 """Sharded checkpoint IO, ``ShardedFormat``'s writer and reader for the strategies that shard (FSDP2, FSDP1, tensor
 and pipeline parallelism): every rank writes its own shards of the models and optimizers with
 ``torch.distributed.checkpoint`` (DCP), in the reference library's layout (``ShardedFormat``'s names:
-``pytorch_model_fsdp_{i}/``, ``optimizer_{i}/``; checkpointing/sharded_files.py), inside the same staging folder.
+``pytorch_model_fsdp_{i}/``, ``optimizer_{i}/``; checkpointing/sharded_files.py), inside the same staging folder,
+all of them with one ``dcp.save`` and read with one ``dcp.load`` (``dcp_folders.py``: DCP's planning collectives
+once per checkpoint, not once per folder).
 
 Everything else (schedulers, scaler, registered objects, random states, loader positions) is written and read
 by the full-state IO. Loading reshards: the shards are read into this run's layout, whatever the number of
@@ -15,10 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import torch
 
+from . import dcp_folders
 from .checkpoint_io import Snapshot, take_snapshot, write_full_state
 from .errors import CheckpointError, IncompleteCheckpointError
 from .full_state_reader import LoadedState, apply_full_state, read_full_state
@@ -34,8 +37,8 @@ if TYPE_CHECKING:
 
     from ..core.aliases import Device, NestedData
 
-__all__ = ["ShardedCheckpointIO", "empty_like",
-           "check_against_metadata", "load_shards"]
+__all__ = ["ShardedCheckpointIO", "empty_like", "check_against_metadata", "shapes_in", "save_folders", "load_folders",
+           "load_shards"]
 
 
 class _ShardingStrategy(CheckpointingStrategy, Protocol):
@@ -60,18 +63,26 @@ def empty_like(state: NestedData) -> NestedData:
 
 def _saved_shapes(folder: Path) -> dict:
     """``{name: global shape}`` of every tensor a DCP checkpoint folder holds (read from its metadata)."""
+    return shapes_in(SafeFileSystemReader(str(folder), unsafe_hint=UNSAFE_OPT_IN).read_metadata())
+
+
+def shapes_in(metadata: Any, folder: Optional[str] = None) -> dict:
+    """``{name: global shape}`` of every tensor DCP ``metadata`` describes (with ``folder``: of that folder's, in
+    a ``FolderSetReader``'s merged metadata, its prefix taken off)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = SafeFileSystemReader(str(folder), unsafe_hint=UNSAFE_OPT_IN).read_metadata()
-    return {name: tuple(item.size) for name, item in metadata.state_dict_metadata.items()
-            if isinstance(item, TensorStorageMetadata)}
+    prefix = f"{folder}." if folder else ""
+    return {name[len(prefix):]: tuple(item.size) for name, item in metadata.state_dict_metadata.items()
+            if isinstance(item, TensorStorageMetadata) and name.startswith(prefix)}
 
 
-def check_against_metadata(folder: Path, template: dict, prefix: str, strict: bool) -> None:
-    """Every tensor of ``template`` must be in the checkpoint with the same global shape (clear error first)."""
+def check_against_metadata(folder: Path, template: dict, prefix: str, strict: bool,
+                           saved: Optional[dict] = None) -> None:
+    """Every tensor of ``template`` must be in the checkpoint with the same global shape (clear error first).
+    ``saved``: the folder's ``{name: shape}`` when already read (``shapes_in``)."""
     from .weights import flatten_names
 
-    saved = _saved_shapes(folder)
+    saved = _saved_shapes(folder) if saved is None else saved
     for name, tensor in flatten_names(template, prefix):
         if name not in saved:
             if strict or prefix != "model":
@@ -97,14 +108,10 @@ class ShardedCheckpointIO:
 
     def write(self, staging: Path, collected: Snapshot, *, writes_shared_files: bool, process_index: int,
               safe_serialization: bool = True, process_group: Optional[ProcessGroup] = None) -> None:
-        import torch.distributed.checkpoint as dcp
-
-        for index, state in enumerate(collected.weights):
-            dcp.save({"model": state}, checkpoint_id=str(staging / ShardedFormat.model_folder(index)),
-                     process_group=process_group)
-        for index, state in enumerate(collected.optimizers):
-            dcp.save({"optimizer": state}, checkpoint_id=str(staging / ShardedFormat.optimizer_folder(index)),
-                     process_group=process_group)
+        folders = {ShardedFormat.model_folder(index): {"model": state} for index, state in enumerate(collected.weights)}
+        folders.update({ShardedFormat.optimizer_folder(index): {"optimizer": state}
+                        for index, state in enumerate(collected.optimizers)})
+        save_folders(folders, staging, process_group)
         rest = dataclasses.replace(collected, weights=[], optimizers=[])
         write_full_state(staging, rest, writes_shared_files=writes_shared_files, process_index=process_index,
                          safe_serialization=safe_serialization)
@@ -118,21 +125,38 @@ class ShardedCheckpointIO:
         targets.run_load_hooks(folder, strategy.unwrap)  # every model loads its shards
         rest = dataclasses.replace(targets, models=[], optimizers=[], load_hooks=[])
         loaded = read_full_state(strategy, folder, marker, rest, load_kwargs, device, strict)
+        reader = dcp_folders.FolderSetReader(str(folder), self._folder_names(folder, targets),
+                                             unsafe_hint=UNSAFE_OPT_IN)
+        metadata = reader.read_metadata() if weights_only else None  # read once, for the checks and the load
+
+        def check(name: str, template: dict, prefix: str, strict_here: bool) -> None:
+            saved = shapes_in(metadata, name) if metadata is not None else None
+            check_against_metadata(folder / name, template, prefix, strict_here, saved)
+
+        folders: dict[str, dict] = {}
         for index, model in enumerate(targets.models):
-            path = self._require(folder, ShardedFormat.model_folder(index), f"model {index}")
+            name = ShardedFormat.model_folder(index)
             template = empty_like(strategy.sharded_model_state_dict(model))
-            check_against_metadata(path, template, "model", strict)
-            state = {"model": template}
-            load_shards(state, path, allow_partial=not strict, weights_only=weights_only)
-            loaded.models.append((model, state["model"]))
+            check(name, template, "model", strict)
+            folders[name] = {"model": template}
         for index, optimizer in enumerate(targets.optimizers):
-            path = self._require(folder, ShardedFormat.optimizer_folder(index), f"optimizer {index}")
+            name = ShardedFormat.optimizer_folder(index)
             template = empty_like(strategy.sharded_optimizer_state_dict(targets.model_of(optimizer), optimizer))
-            check_against_metadata(path, template, "optimizer", True)
-            state = {"optimizer": template}
-            load_shards(state, path, allow_partial=False, weights_only=weights_only)
-            loaded.optimizers.append((optimizer, state["optimizer"]))
+            check(name, template, "optimizer", True)
+            folders[name] = {"optimizer": template}
+        load_folders(folders, folder, strict=strict, weights_only=weights_only, reader=reader)
+        loaded.models += [(model, folders[ShardedFormat.model_folder(index)]["model"])
+                          for index, model in enumerate(targets.models)]
+        loaded.optimizers += [(optimizer, folders[ShardedFormat.optimizer_folder(index)]["optimizer"])
+                              for index, optimizer in enumerate(targets.optimizers)]
         return loaded
+
+    def _folder_names(self, folder: Path, targets: CheckpointTargets) -> list[str]:
+        """The DCP folders a load of ``targets`` reads, each checked to be there."""
+        names = [(ShardedFormat.model_folder(index), f"model {index}") for index in range(len(targets.models))]
+        names += [(ShardedFormat.optimizer_folder(index), f"optimizer {index}")
+                  for index in range(len(targets.optimizers))]
+        return [self._require(folder, name, what).name for name, what in names]
 
     @staticmethod
     def _require(folder: Path, name: str, what: str) -> Path:
@@ -146,6 +170,40 @@ class ShardedCheckpointIO:
     def apply(self, strategy: _ShardingStrategy, loaded: LoadedState, targets: CheckpointTargets,
               strict: bool = True) -> None:
         apply_full_state(strategy, loaded, targets, strict)
+
+
+def save_folders(folders: dict[str, dict], root: Path, process_group: Optional[ProcessGroup] = None) -> None:
+    """Write ``{folder name: state}`` as DCP folders under ``root``: with one ``dcp.save`` (``dcp_folders.py``) where
+    this PyTorch allows, else one per folder."""
+    import torch.distributed.checkpoint as dcp
+
+    if not folders:
+        return
+    if dcp_folders.available():
+        dcp.save(folders, storage_writer=dcp_folders.FolderSetWriter(str(root), list(folders)),
+                 process_group=process_group)
+        return
+    for name, state in folders.items():
+        dcp.save(state, checkpoint_id=str(root / name), process_group=process_group)
+
+
+def load_folders(folders: dict[str, dict], root: Path, *, strict: bool, weights_only: bool,
+                 reader: Optional[dcp_folders.FolderSetReader] = None) -> None:
+    """Read the DCP folders under ``root`` into ``{folder name: state}`` (resharded to this run): with one
+    ``dcp.load`` (``dcp_folders.py``; ``reader``: one that already read the folders' metadata) for a strict,
+    weights-only load, else folder by folder (``load_shards``; a model's folder then allows missing weights when
+    not ``strict``)."""
+    import torch.distributed.checkpoint as dcp
+
+    if not folders:
+        return
+    if strict and weights_only:
+        dcp.load(folders, storage_reader=reader or dcp_folders.FolderSetReader(str(root), list(folders),
+                                                                               unsafe_hint=UNSAFE_OPT_IN),
+                 planner=SafeLoadPlanner(allow_partial_load=False, unsafe_hint=UNSAFE_OPT_IN))
+        return
+    for name, state in folders.items():
+        load_shards(state, root / name, allow_partial=not strict and "model" in state, weights_only=weights_only)
 
 
 def load_shards(state: dict, path: Path, allow_partial: bool, weights_only: bool = True) -> None:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ..collectives.operations import broadcast_object_list
 from ..state import PartialState
-from .agreement import together
+from .agreement import together, together_reporting
+from .checksums import noted_under
 from .atomic import recover_interrupted_swap, staging_folder, swap_into_place, write_marker
 from .errors import CheckpointError
 from .formats import is_checkpoint_file
@@ -46,6 +47,7 @@ class SaveTransaction:
         self.state = processes or PartialState()
         self.writes_shared_files = False
         self.lock = SaveLock(self.final, self.staging)
+        self._known_checksums: dict[str, str] = {}  # relative path -> checksum, as the processes computed them
 
     # ------------------------------------------------------------------ preparing
     def _claim(self, token: str) -> None:
@@ -63,20 +65,22 @@ class SaveTransaction:
 
     def begin(self) -> None:
         """Collective: create the staging folder where it is needed; every process can then write into it."""
-        token = [uuid.uuid4().hex if self.state.is_main_process else None]
+        # the main process's token and folder, in one exchange: a process given another folder (each process
+        # saving into a temporary folder of its own, as some scripts do) writes a complete checkpoint there itself
+        sent = [uuid.uuid4().hex, str(self.final)] if self.state.is_main_process else [None, None]
         if self.state.use_distributed:
-            broadcast_object_list(token)
-        own_folder = self._own_folder()  # collective: every process takes part
+            broadcast_object_list(sent)
+        token, own_folder = sent[0], sent[1] != str(self.final)
         main = self.state.is_main_process or own_folder
         try:
-            together("preparing the checkpoint folder", lambda: self._claim(token[0]) if main else None,
+            together("preparing the checkpoint folder", lambda: self._claim(token) if main else None,
                      processes=self.processes)
         except BaseException:
             self.abandon()
             raise
         if self.save_on_each_node and self.state.is_local_main_process and not self.state.is_main_process:
             # another machine: claim a folder of its own unless it shares the main process's file system
-            together("preparing the checkpoint folder", lambda: None if self._sees(token[0]) else self._claim(token[0]),
+            together("preparing the checkpoint folder", lambda: None if self._sees(token) else self._claim(token),
                      processes=self.processes)
         elif self.save_on_each_node:
             together("preparing the checkpoint folder", lambda: None, processes=self.processes)
@@ -85,17 +89,6 @@ class SaveTransaction:
         except BaseException:
             self.abandon()
             raise
-
-    def _own_folder(self) -> bool:
-        """Whether this process was given a folder other than the main process's (each process saving into a
-        temporary folder of its own, as some scripts do): it then writes a complete checkpoint there itself."""
-        if not self.state.use_distributed:
-            return False
-        folders = [None]
-        if self.state.is_main_process:
-            folders[0] = str(self.final)
-        broadcast_object_list(folders)
-        return folders[0] != str(self.final)
 
     def _check_visible(self) -> None:
         if not self.staging.is_dir():
@@ -107,16 +100,21 @@ class SaveTransaction:
 
     # ------------------------------------------------------------------ writing and completing
     def write(self, function: Callable[[Path], None], during: str = "writing the checkpoint") -> None:
-        """Collective: every process runs ``function(staging_folder)``; on any failure the save is abandoned."""
+        """Collective: every process runs ``function(staging_folder)``; on any failure the save is abandoned. Each
+        process hands in the checksums of the files it wrote (``checksums.noted_under``), so that the marker's
+        writer does not read every process's files back."""
         try:
-            together(during, function, self.staging, processes=self.processes)
+            _, reports = together_reporting(during, function, self.staging, report=lambda: noted_under(self.staging),
+                                            processes=self.processes)
         except BaseException:
             self.abandon()
             raise
+        for found in reports:
+            self._known_checksums.update(found or {})
 
     def _complete(self, metadata: dict) -> None:
         (self.staging / _OWNER_FILE).unlink(missing_ok=True)
-        write_marker(self.staging, metadata)
+        write_marker(self.staging, metadata, self._known_checksums)
         swap_into_place(self.staging, self.final, is_checkpoint_file)
         self.lock.release(self.final)
 

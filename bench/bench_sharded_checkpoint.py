@@ -1,0 +1,185 @@
+"""Sharded checkpoints against plain DCP, paired, at several process counts (issue 40).
+
+    python bench/bench_sharded_checkpoint.py [--processes 2 4 8 16] [--pairs 30] [--layers 16] [--width 1024]
+
+One ``hasten launch -n N`` per process count (``worker_launch.py``: under the multi-process tests' lock). In it an FSDP2 model
+(``layers`` x Linear(width, width)) with AdamW, after one step, is saved and loaded ``pairs`` times by each variant
+in turn, the order alternating pair by pair:
+
+* dcp: plain ``torch.distributed.checkpoint``, ``dcp.save`` of ``get_state_dict(model, optimizer)`` into a new
+  folder (DCP's default writer: every file flushed to disk), then ``dcp.load`` of the same and
+  ``set_state_dict``;
+* hasten: ``Accelerator.save_state`` into a new folder (sharded, DCP underneath: every file flushed, checksummed,
+  completion marker, atomic rename, random states) and ``load_state`` of it (read and checked, then applied).
+
+A variant's time is the slowest rank's (each rank times itself between two barriers; the maximum is taken); the
+previous folders are removed and the page cache's dirty pages written back (``os.sync``) outside the timing.
+Reported per process count: the median of each variant and the median of the per-pair ratios hasten / dcp.
+Target: ratio <= 1.1 at every process count, and no worse at 16 than at 2. Files go to ``BENCH_CHECKPOINT_DIR``
+(default: a temporary folder). ``--json PATH`` writes the rows; ``--plot PATH`` draws the ratios against the
+number of processes (matplotlib).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from worker_launch import launch_worker  # noqa: E402
+
+
+def _timed_on_every_rank(function) -> float:
+    """Seconds ``function`` took on the slowest rank (a barrier before and after)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    start = time.perf_counter()
+    function()
+    dist.barrier()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item())
+
+
+def worker(out: Path, pairs: int, layers: int, width: int) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from hasten import Accelerator, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
+    accelerator = Accelerator(fsdp_plugin=plugin)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.randn(4, width)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    root = os.environ.get("BENCH_CHECKPOINT_DIR") or tempfile.gettempdir()
+    work = accelerator.gather_for_metrics([tempfile.mkdtemp(prefix="hasten-bench-sharded-", dir=root)],
+                                          use_gather_object=True)[0]  # the main process's folder, for all
+
+    def fresh(name: str) -> str:
+        folder = os.path.join(work, name)
+        if accelerator.is_main_process:
+            shutil.rmtree(folder, ignore_errors=True)
+            os.sync()  # untimed: nobody pays for the writes the previous save left in the page cache
+        dist.barrier()
+        return folder
+
+    def dcp_save() -> float:
+        folder = fresh("dcp")
+        return _timed_on_every_rank(lambda: dcp.save(dict(zip(("model", "optim"), get_state_dict(model, optimizer))),
+                                                     checkpoint_id=folder))
+
+    def dcp_load() -> float:
+        def load():
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            state = {"model": model_state, "optim": optimizer_state}
+            dcp.load(state, checkpoint_id=os.path.join(work, "dcp"))
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        return _timed_on_every_rank(load)
+
+    def hasten_save() -> float:
+        folder = fresh("hasten")
+        return _timed_on_every_rank(lambda: accelerator.save_state(folder))
+
+    def hasten_load() -> float:
+        return _timed_on_every_rank(lambda: accelerator.load_state(os.path.join(work, "hasten")))
+
+    hasten_save(), dcp_save(), hasten_load(), dcp_load()  # warm-up: imports, first allocations
+    times: dict = {name: [] for name in ("dcp_save", "hasten_save", "dcp_load", "hasten_load")}
+    for pair in range(pairs):
+        order = (("dcp", "hasten") if pair % 2 == 0 else ("hasten", "dcp"))
+        for variant in order:
+            times[f"{variant}_save"].append((dcp_save if variant == "dcp" else hasten_save)())
+        for variant in order:
+            times[f"{variant}_load"].append((dcp_load if variant == "dcp" else hasten_load)())
+    if accelerator.is_main_process:
+        out.write_text(json.dumps(times))
+        shutil.rmtree(work, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def run(processes: int, pairs: int, layers: int, width: int) -> dict:
+    """One launch of ``processes`` ranks; the per-variant times of every pair."""
+    return launch_worker(__file__, "sharded", label=f"sharded-{processes}", processes=processes,
+                         args=("--pairs", str(pairs), "--layers", str(layers), "--width", str(width)))
+
+
+def summarise(processes: int, times: dict) -> list:
+    rows = []
+    for operation in ("save", "load"):
+        ours, plain = times[f"hasten_{operation}"], times[f"dcp_{operation}"]
+        ratios = [a / b for a, b in zip(ours, plain)]
+        rows.append({"processes": processes, "operation": operation, "pairs": len(ratios),
+                     "hasten_median_s": statistics.median(ours), "dcp_median_s": statistics.median(plain),
+                     "median_pair_ratio": statistics.median(ratios)})
+    return rows
+
+
+def plot(rows: list, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(5, 3.2))
+    for operation in ("save", "load"):
+        mine = [row for row in rows if row["operation"] == operation]
+        axis.plot([row["processes"] for row in mine], [row["median_pair_ratio"] for row in mine], marker="o",
+                  label=operation)
+    axis.axhline(1.1, color="grey", linestyle="--", linewidth=1, label="target 1.1x")
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("processes (2 CPU cores)")
+    axis.set_ylabel("hasten / plain DCP (median per pair)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv=None) -> list:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--processes", type=int, nargs="+", default=[2, 4, 8, 16])
+    parser.add_argument("--pairs", type=int, default=30)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)  # WORKER OUT (worker_launch.py)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--plot", default=None)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(Path(args.worker[1]), args.pairs, args.layers, args.width)
+        return []
+    rows = []
+    for processes in args.processes:
+        found = summarise(processes, run(processes, args.pairs, args.layers, args.width))
+        for row in found:
+            print(f"{row['processes']:>3} processes  {row['operation']}  hasten {row['hasten_median_s']:.3f} s  "
+                  f"dcp {row['dcp_median_s']:.3f} s  median pair ratio {row['median_pair_ratio']:.2f}x "
+                  f"({row['pairs']} pairs)", flush=True)
+        rows += found
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.plot:
+        plot(rows, args.plot)
+    # bench/run_all.py's measure rows: a value and a ratio each
+    return [{"benchmark": f"{row['operation']} at {row['processes']} processes", "variant": "hasten vs plain DCP",
+             "value": f"{row['hasten_median_s']:.3f} s vs {row['dcp_median_s']:.3f} s",
+             "ratio": row["median_pair_ratio"]} for row in rows]
+
+
+if __name__ == "__main__":
+    main()
