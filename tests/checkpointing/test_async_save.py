@@ -177,3 +177,16 @@ def test_parameters_and_moments_are_copied_after_save_returns_and_before_the_nex
     accelerator.wait_for_checkpoint()
     saved = load_file(f"{folder}/model.safetensors")  # the weights as they were when save_state was called
     assert saved.keys() == expected.keys() and all(torch.equal(saved[name], expected[name]) for name in saved)
+
+
+def test_a_weight_the_forward_changes_is_copied_before_save_returns():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 4, max_norm=0.5), nn.Linear(4, 2))  # the forward renormalises rows
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    assert async_save.changed_in_forward([model]) == {model[0].weight.untyped_storage().data_ptr()}
+    writing = async_save.WriteInBackground(every_process=False)
+    copied = writing.copy({"weights": dict(model.state_dict())}, [optimizer], models=[model])
+    left = {tensor.untyped_storage().data_ptr() for _, tensor in writing._left}
+    embedding, linear = (module.weight.untyped_storage().data_ptr() for module in (model[0], model[1]))
+    assert embedding not in left and linear in left
+    assert torch.equal(copied["weights"]["0.weight"], model[0].weight)  # copied already

@@ -32,13 +32,15 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from ..state import PartialState
+from .checksums import noted_under
 from .errors import CheckpointError
 from .weights import _alias_key
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["detached_copy", "staged_copy", "copy_now", "optimizer_storage", "release_snapshot_memory", "completion_group", "PendingSave", "WriteNow",
+__all__ = ["detached_copy", "staged_copy", "copy_now", "optimizer_storage", "changed_in_forward",
+           "release_snapshot_memory", "completion_group", "PendingSave", "WriteNow",
            "WriteInBackground", "start", "wait_for_pending", "pending"]
 
 logger = logging.getLogger(__name__)
@@ -166,6 +168,18 @@ def copy_now(pairs: list) -> None:
             devices.add(tensor.device)
     for device in devices:
         torch.cuda.synchronize(device)
+
+
+def changed_in_forward(models: list) -> frozenset:
+    """Storage addresses of parameters a forward pass changes in place: an ``nn.Embedding`` / ``nn.EmbeddingBag``
+    with ``max_norm`` renormalises the rows it looks up. Their copy cannot wait for the optimizer's next step."""
+    found = set()
+    for model in models:
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.max_norm is not None:
+                weight = module.weight
+                found.add(_storage_address(weight.to_local() if hasattr(weight, "to_local") else weight))
+    return frozenset(found)
 
 
 def optimizer_storage(optimizers: list) -> frozenset:
@@ -300,7 +314,7 @@ class WriteNow:
 
     group = None  # the writers' collectives use the run's default group
 
-    def copy(self, snapshot: Any, optimizers: list = (), hooks: bool = False) -> Any:
+    def copy(self, snapshot: Any, optimizers: list = (), hooks: bool = False, models: list = ()) -> Any:
         return snapshot
 
     def run(self, transaction: Any, run_hooks: Callable[[Path], None], write: Callable[[Path], None],
@@ -332,10 +346,11 @@ class WriteInBackground:
         self._left: list = []
         self._optimizers: list = []
 
-    def copy(self, snapshot: Any, optimizers: list = (), hooks: bool = False) -> Any:
+    def copy(self, snapshot: Any, optimizers: list = (), hooks: bool = False, models: list = ()) -> Any:
         """The snapshot's copy, with the parameters' and ``optimizers``' state left for the background thread to
-        copy before the optimizers' next step (``staged_copy``); all of it now when save ``hooks`` will read it."""
-        later = optimizer_storage(list(optimizers)) if not hooks else frozenset()
+        copy before the optimizers' next step (``staged_copy``); all of it now when save ``hooks`` will read it,
+        and now the parameters of ``models`` that a forward changes (``changed_in_forward``)."""
+        later = optimizer_storage(list(optimizers)) - changed_in_forward(list(models)) if not hooks else frozenset()
         copied, self._left = staged_copy(snapshot, reuse=True, later=later)
         self._optimizers = list(optimizers)
         return copied
@@ -370,6 +385,8 @@ class WriteInBackground:
             if done is not None:
                 self._copy_left(done)
             write(transaction.staging)
+            if not transaction.writes_shared_files:  # the marker's writer checksums these files itself here
+                noted_under(transaction.staging)
 
         start(PendingSave(transaction.final, copy_then_write, complete_or_report, abandon, self.group))
 

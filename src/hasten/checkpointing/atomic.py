@@ -32,6 +32,7 @@ from typing import Callable, Optional, Union
 
 from .checksums import check_files_later, checksums_enabled, checksums_of
 from .errors import CheckpointError, CorruptCheckpointError, IncompleteCheckpointError
+from . import layout
 from .layout import MARKER_NAME
 from .serialization import fsync_file  # the one implementation, shared with hasten.utils.save
 
@@ -144,14 +145,19 @@ def start_content_check(folder: Path, marker: Optional[dict],
                         share: tuple[int, int] = (0, 1)) -> Callable[[], Optional[tuple[str, str, str]]]:
     """Start recomputing the checksums the marker recorded (in the background); returns ``wait()``, which gives
     None or ``(file, checksum now, checksum saved)`` of a file whose content changed. ``share``: ``(this process,
-    processes)`` — each checks its share of the files (``file_shares``), so that a load on many processes reads
-    the checkpoint back once, not once per process; the caller makes every process hear of a mismatch."""
+    processes)`` — each checks its own files (random states, loader positions: a damage is then reported as that
+    process's) and its share of the others (``file_shares``), so that a load on many processes reads the checkpoint
+    back once, not once per process; the caller makes every process hear of a mismatch."""
     checksums = marker.get("checksums") if marker else None
     if not isinstance(checksums, dict) or not checksums_enabled():
         return lambda: None
     recorded = {relative: value for relative, value in checksums.items()
                 if relative in marker["files"] and isinstance(value, str)}
-    mine = file_shares({relative: marker["files"][relative] for relative in recorded}, share[1])[share[0]]
+    process, processes = share
+    own = {name: index for index in range(processes) for name in layout.process_files(index)}
+    dealt = file_shares({relative: marker["files"][relative] for relative in recorded if relative not in own},
+                        processes)[process]
+    mine = dealt + [relative for relative in recorded if own.get(relative) == process]
     return check_files_later(Path(folder), {relative: recorded[relative] for relative in mine})
 
 

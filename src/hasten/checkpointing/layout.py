@@ -25,7 +25,7 @@ from ..core.constants import RNG_STATE_NAME
 
 __all__ = [
     "RNG_STATE_NAME", "LOADER_STATES_NAME", "MARKER_NAME", "PROCESS_RECORD_NAME", "CHECKPOINTS_FOLDER", "NAME_PATTERN",
-    "rng_file", "loader_states_file", "process_record_file", "automatic_folder", "automatic_iteration",
+    "rng_file", "loader_states_file", "process_record_file", "process_files", "automatic_folder", "automatic_iteration",
 ]
 
 LOADER_STATES_NAME = "loader_states"
@@ -50,6 +50,11 @@ def loader_states_file(process_index: int) -> str:
 def process_record_file(process_index: int) -> str:
     """The record of the files process ``process_index`` added to a checkpoint the main process wrote by itself."""
     return f"{PROCESS_RECORD_NAME}_{process_index}.json"
+
+
+def process_files(process_index: int) -> tuple[str, ...]:
+    """The names of the files process ``process_index`` writes for itself in a checkpoint folder."""
+    return rng_file(process_index), loader_states_file(process_index), process_record_file(process_index)
 
 
 def automatic_folder(project_dir: Union[str, os.PathLike], iteration: int) -> str:

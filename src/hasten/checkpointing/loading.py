@@ -132,7 +132,9 @@ def _load_folder(strategy, targets, folder: Path, load_kwargs, device, strict: b
                    and CONTENT_CHANGED in failure[2]]
         index, kind, text = (changed or failures)[0]
         if changed and not (isinstance(error, CorruptCheckpointError) and CONTENT_CHANGED in str(error)):
-            error = CorruptCheckpointError(text)  # what another process found explains this one's error best
+            # what another process found explains this one's error (if any) best
+            error = CorruptCheckpointError(f"loading {folder} failed on process {index} (so it stops here too): "
+                                           f"{text}")
         elif error is None:
             error = CheckpointError(f"loading {folder} failed on process {index} (so it stops here too): "
                                     f"{kind}: {text}")

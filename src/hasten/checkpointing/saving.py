@@ -123,7 +123,8 @@ def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool,
     options = dict(save_model_func_kwargs) if accepted else {}  # this save's, for the backend's IO
     snapshot = together("collecting the state to save",
                         lambda: writing.copy(strategy.collect_checkpoint(targets, options), targets.optimizers,
-                                             hooks=bool(targets.save_hooks)), processes=processes)
+                                             hooks=bool(targets.save_hooks), models=targets.models),
+                        processes=processes)
     if automatic:
         together("cleaning the checkpoints folder",
                  lambda: remove_stale_staging(folder.parent, saving=folder.name)

@@ -104,13 +104,15 @@ class SaveTransaction:
         process hands in the checksums of the files it wrote (``checksums.noted_under``), so that the marker's
         writer does not read every process's files back."""
         try:
-            _, reports = together_reporting(during, function, self.staging, report=lambda: noted_under(self.staging),
+            _, reports = together_reporting(during, function, self.staging,
+                                            report=lambda: (str(self.staging), noted_under(self.staging)),
                                             processes=self.processes)
         except BaseException:
             self.abandon()
             raise
-        for found in reports:
-            self._known_checksums.update(found or {})
+        for folder, found in filter(None, reports):  # a process saving into a folder of its own reports for that one
+            if folder == str(self.staging):
+                self._known_checksums.update(found)
 
     def _complete(self, metadata: dict) -> None:
         (self.staging / _OWNER_FILE).unlink(missing_ok=True)
