@@ -53,13 +53,7 @@ def together(during: str, function: Callable[..., T], *args: Any, processes: Opt
              **kwargs: Any) -> T:
     """Run ``function`` on this process, then agree with the others (see the module docstring). ``processes``: who
     takes part (None: every process; a one-process view when the main process saves alone)."""
-    try:
-        result = function(*args, **kwargs)
-    except Exception as error:  # noqa: BLE001 - handed to raise_if_any_failed, which re-raises it
-        raise_if_any_failed(error, during, processes)
-        raise  # unreachable: raise_if_any_failed raised
-    raise_if_any_failed(None, during, processes)
-    return result
+    return together_reporting(during, function, *args, report=lambda: None, processes=processes, **kwargs)[0]
 
 
 def together_reporting(during: str, function: Callable[..., T], *args: Any, report: Callable[[], Any],

@@ -2,8 +2,9 @@
 
 What runs before ``save_state`` returns (on the calling thread, with every collective step on the default
 process group, exactly as a synchronous save): agreeing on the folder, claiming the staging folder, the save
-hooks, and the snapshot, whose tensors are *copied* to CPU memory (``detached_copy``), so the training loop
-may change its parameters and optimizer state right away.
+hooks, and the snapshot, whose tensors are *copied* to CPU memory (``staged_copy``): all of them but the
+parameters and optimizer state, which the background thread copies first, before the prepared optimizers' next
+step (which waits for it: ``_Staging``), so the training loop goes on at once.
 
 What runs afterwards, in one background thread per process (``PendingSave``): writing this process's files
 into the staging folder (flushed to disk, checksummed), then the completion. The background threads never

@@ -101,7 +101,7 @@ def write_marker(folder: Path, metadata: dict, known_checksums: Optional[dict] =
         if relative not in known_checksums:  # those were flushed by the process that wrote them, then reported
             fsync_file(folder / relative)
     marker = {"format": MARKER_FORMAT, "complete": True, "written_at": time.time(), **metadata, "files": files}
-    if checksums_enabled():  # read back from the page cache: the files were just written
+    if checksums_enabled():  # the writers' values; any other file read back from the page cache
         marker["checksums"] = checksums_of(folder, files, known_checksums)
     temporary = folder / f".{MARKER_NAME}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:

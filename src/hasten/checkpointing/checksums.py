@@ -2,14 +2,15 @@
 
 Sizes alone miss a file whose bytes changed in place (a bad disk sector, a copy that went wrong, an edit):
 ``torch.load`` and safetensors load such a file silently. The marker therefore also records a CRC of each
-file, computed right after the file was flushed (it is read back from the page cache, not the disk), and
-``load_state`` recomputes it before anything is loaded.
+file, computed while the file is written (or, for a file written by another library, read back from the page
+cache once it is closed), and ``load_state`` recomputes it before anything is loaded.
 
 The work overlaps with the rest of the save or load: each file written through ``writers.DurableFile`` is
 checksummed from its bytes as they are written (``RunningChecksum``: nothing is read back; several files are
 written at once, ``parallel_writes.py``); a file written otherwise is checksummed in a background thread once
 it is closed (``note_written``), read through a memory map (no copy); on load, the checksums are recomputed in
-background threads while the files are parsed, and compared before anything is applied. Both CRC functions release the GIL.
+background threads while the files are parsed, and compared before anything is applied. Both CRC functions
+release the GIL.
 
 The CRC is CRC-32C through the ``crc32c`` package when it is installed (hardware instructions, ~14 GB/s),
 else CRC-32 from the standard library's ``zlib`` (~4 GB/s). The marker names the algorithm with each value;
