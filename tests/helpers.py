@@ -16,7 +16,7 @@ _LOCK = Path(os.environ.get("HASTEN_TEST_LOCK", "/tmp/hasten-multiprocess-tests.
 
 
 @contextlib.contextmanager
-def _one_multiprocess_job_at_a_time():
+def one_multiprocess_job_at_a_time():
     """This machine has 2 cores: two multi-process jobs at once would only make both slow and flaky."""
     with open(_LOCK, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -76,7 +76,7 @@ def run_launch(script, *script_args, num_processes: int | None = 2, launch_args=
     launch_argv = [*layout, *launch_args, target, *map(str, script_args)]
     command = [sys.executable, "-m", "hasten", "launch", *launch_argv]
     env = env if env is not None else clean_env()
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         result = warm_launch(launch_argv, env, ROOT, timeout, preload) if warm else None
         if result is None:
             result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
@@ -97,7 +97,7 @@ def run_torchrun(script, *script_args, num_processes: int = 2, timeout: float = 
     env = env if env is not None else clean_env()
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(num_processes), script,
                *arguments]
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         result = warm_torchrun(script, arguments, num_processes, env, ROOT, timeout, preload)
         if result is None:
             result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)

@@ -1,10 +1,10 @@
 """Who am I, which device, which process group: the process state shared by everything in a run.
 
 ``PartialState`` reads the launch environment (torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` variables,
-set by ``hasten launch``), initialises ``torch.distributed`` once (gloo on CPU, nccl on CUDA) and answers
-questions about the current process. Like Accelerate's, every instance shares one state, so it can be
-created anywhere. ``AcceleratorState`` adds the training settings; ``GradientState`` tracks gradient
-accumulation and the end of data loaders.
+set by ``hasten launch``, or those of the engine that started the process: ``core/cluster.py``), initialises
+``torch.distributed`` once (gloo on CPU, nccl on CUDA) and answers questions about the current process. Like
+Accelerate's, every instance shares one state, so it can be created anywhere. ``AcceleratorState`` adds the
+training settings; ``GradientState`` tracks gradient accumulation and the end of data loaders.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ import torch.distributed as dist
 
 from .config.accelerator_settings import resolve_mixed_precision
 from .config.enums import DistributedType, PrecisionType
+from .core.cluster import Placement, adopt_placement, check_rendezvous
 from .core.env_aliases import get_flag_setting, get_setting
 from .core.env_vars import get_int_from_env, parse_flag_from_env
 from .core.environment import is_debug_mode
-from .core.hardware import get_cpu_distributed_information
 from .core.imports import is_torch_xla_available
 from .core.lazy import lazy_exports
 
@@ -147,22 +147,6 @@ def _destroy_process_group_at_exit() -> None:
             pass
 
 
-_MPI_RANK_NAMES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
-
-
-def _adopt_mpi_ranks() -> None:
-    """A process that ``mpirun`` started (``hasten launch`` with ``mpirun_hostfile``) has MPI's variables, not
-    torch's: give it ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` (and ``LOCAL_WORLD_SIZE`` when MPI says it) from
-    them; torch and DeepSpeed read them too."""
-    if "RANK" in os.environ or not any(name in os.environ for name in _MPI_RANK_NAMES):
-        return
-    place = get_cpu_distributed_information()
-    for name, value in (("RANK", place.rank), ("WORLD_SIZE", place.world_size), ("LOCAL_RANK", place.local_rank)):
-        os.environ.setdefault(name, str(value))
-    if any(name in os.environ for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")):
-        os.environ.setdefault("LOCAL_WORLD_SIZE", str(place.local_world_size))
-
-
 def _device_from_env() -> Optional[torch.device]:
     """The device named by ``HASTEN_TORCH_DEVICE`` / ``ACCELERATE_TORCH_DEVICE`` (``"cpu"``, ``"cuda:1"``), if set."""
     value = get_setting("torch_device")
@@ -236,14 +220,14 @@ class PartialState:
         self._cpu = use_cpu
         self.debug = is_debug_mode()
         self.fork_launched = parse_flag_from_env("FORK_LAUNCHED", False)
-        _adopt_mpi_ranks()
-        device_type = "cpu" if self._cpu else (chosen.type if chosen is not None else accelerator_type() or "cpu")
-        world_size = get_int_from_env(["WORLD_SIZE"], 1)
         already = dist.is_available() and dist.is_initialized()
+        place = None if already else adopt_placement()  # torch's variables from the engine's (core/cluster.py)
+        device_type = "cpu" if self._cpu else (chosen.type if chosen is not None else accelerator_type() or "cpu")
+        world_size = place.world_size if place is not None else 1
         if already:
             world_size = dist.get_world_size()
         self.num_processes = world_size
-        self.process_index = dist.get_rank() if already else get_int_from_env(["RANK"], 0)
+        self.process_index = dist.get_rank() if already else (place.rank if place is not None else 0)
         self.local_process_index = get_int_from_env(["LOCAL_RANK"], 0 if not already else self.process_index)
         self.backend = None
         self.distributed_type = DistributedType.NO
@@ -251,7 +235,7 @@ class PartialState:
             if device_type not in _MULTI_TYPE:
                 device_type = "cpu"  # e.g. MPS has no multi-process backend
             if not already:
-                self._init_process_group(device_type, kwargs)
+                self._init_process_group(device_type, kwargs, place)
             self.backend = dist.get_backend()
             self.distributed_type = _MULTI_TYPE[device_type]
         self.distributed_type = launched_backend_type(world_size > 1 or "LOCAL_RANK" in os.environ,
@@ -278,12 +262,9 @@ class PartialState:
 
                 set_numa_affinity(self.local_process_index)
 
-    def _init_process_group(self, device_type: str, kwargs: dict) -> None:
-        if "MASTER_ADDR" not in os.environ and kwargs.get("init_method") is None:
-            raise RuntimeError(
-                f"WORLD_SIZE={self.num_processes} is set but MASTER_ADDR is not: this process was not started "
-                "by a launcher. Start the script with `hasten launch -n N script.py` (or torchrun)."
-            )
+    def _init_process_group(self, device_type: str, kwargs: dict, place: Placement) -> None:
+        if kwargs.get("init_method") is None:
+            check_rendezvous(place)
         options = dict(kwargs)
         options.setdefault("backend", _BACKEND[device_type])
         timeout = options.pop("timeout", None)

@@ -226,11 +226,11 @@ class _Callable:
 
 
 def test_launchers_run_a_functools_partial_and_a_callable_object():
-    from helpers import _one_multiprocess_job_at_a_time
+    from helpers import one_multiprocess_job_at_a_time
     from hasten.launchers import debug_launcher, notebook_launcher
 
     assert notebook_launcher(functools.partial(max, 10), args=(11,), num_processes=1) == 11
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         assert sorted(debug_launcher(functools.partial(_rank_plus, 10), args=(1,)).values()) == [11, 12]
         assert sorted(debug_launcher(_Callable(), args=(5,)).values()) == [7, 7]
     with pytest.raises(TypeError, match="callable"):

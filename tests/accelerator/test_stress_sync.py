@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 
-from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env
+from helpers import ROOT, one_multiprocess_job_at_a_time, clean_env
 
 from hasten.test_utils import path_in_hasten_package
 
@@ -60,7 +60,7 @@ def _run_loaded(command: list) -> subprocess.CompletedProcess:
     """Run ``command`` (in its own process group) while a busy loop competes for the CPU; kill everything on a
     timeout and fail with the output, which then holds the stacks of the stuck processes."""
     env = clean_env(HASTEN_STRESS_DUMP_AFTER=DUMP_AFTER)
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
             job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

@@ -32,7 +32,7 @@ def half_write_then_wait(obj, path, **_):
     time.sleep(600)
 
 
-def wait_before_marker(folder, metadata, *_):
+def wait_before_marker(folder, metadata, *_, **__):
     print(f"DATA WRITTEN {sorted(os.listdir(folder))}", flush=True)
     time.sleep(600)
 

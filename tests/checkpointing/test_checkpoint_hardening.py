@@ -273,12 +273,13 @@ def test_a_truncated_pickled_file_of_a_reference_folder_is_named(saved, tmp_path
             accelerator.load_state(folder)
 
 
-def test_two_processes_agree_to_fall_back_and_refuse_together(tmp_path):
+def test_two_processes_agree_to_fall_back_and_refuse_together_and_folders_per_process_merge(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from helpers import run_launch
 
     result = run_launch("check_checkpoint_hardening.py", tmp_path, num_processes=2, timeout=180)
     assert result.stdout.count("HARDENING OK") == 2, result.stdout
+    assert result.stdout.count("PROCESS FOLDERS OK") == 2, result.stdout + result.stderr[-3000:]
 
 
 def test_the_clean_up_leaves_the_folders_of_the_save_in_progress_and_a_lock_survives_a_clean_up(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import yaml
-from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env, run_real_launch
+from helpers import ROOT, one_multiprocess_job_at_a_time, clean_env, run_real_launch
 
 HERE = Path(__file__).resolve().parent  # the scripts these tests launch live beside them
 
@@ -27,7 +27,7 @@ def isolated_env(tmp_path, **extra):
 
 def run_hasten(*argv, env, timeout=240):
     """`python -m hasten ARGV` for the forms run_launch does not build (-m, no -n), one job at a time."""
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         return subprocess.run([sys.executable, "-m", "hasten", *argv], capture_output=True, text=True,
                               timeout=timeout, env=env, cwd=ROOT)
 
@@ -86,7 +86,7 @@ def test_launch_command_called_in_process_raises_when_the_job_fails(tmp_path):
         "except subprocess.CalledProcessError as failure:\n"
         "    print('RAISED', failure.returncode, failure.cmd[1])\n"
     )
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                                 env=isolated_env(tmp_path), timeout=180)
     assert "RESULT None" in result.stdout and f"RAISED 3 {failing}" in result.stdout, result.stdout + result.stderr

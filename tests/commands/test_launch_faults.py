@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env, run_real_launch
+from helpers import ROOT, one_multiprocess_job_at_a_time, clean_env, run_real_launch
 
 from hasten.commands import failure_summary as summary
 from hasten.commands.launch_plan import store_on_loopback
@@ -69,7 +69,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers follow a dead launcher only on Linux")
 def test_killing_the_launcher_ends_its_workers_and_the_store_is_on_loopback(tmp_path):
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         launcher = _launch_in_background(tmp_path)
         workers = []
         try:
@@ -147,7 +147,7 @@ def _worker_view():
 def test_debug_launcher_workers_follow_the_launcher_and_the_store_is_on_loopback():
     from hasten import debug_launcher
 
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         results = debug_launcher(_worker_view, num_processes=2)
     for listening, death_signal in results.values():
         assert listening and set(listening) <= {"127.0.0.1", "::1"}, listening

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import yaml
 
-from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env
+from helpers import ROOT, one_multiprocess_job_at_a_time, clean_env
 from launch_fixtures import plan_for, script  # noqa: F401 - pytest fixtures
 from hasten.commands import launch_mpi
 from hasten.commands.errors import CommandError
@@ -104,7 +104,7 @@ def test_an_mpi_job_runs_with_the_ranks_mpi_gives(tmp_path):
     env = clean_env(FAKE_MPIRUN_LOG=str(tmp_path / "mpirun.log"))
     env["PATH"] = f"{mpirun.parent}{os.pathsep}{env['PATH']}"
     command = [sys.executable, "-m", "hasten", "launch", "--config_file", config, str(worker), "--x", "1"]
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
         failed = subprocess.run(command + ["--fail"], capture_output=True, text=True, env=env, cwd=ROOT,
                                 timeout=240)

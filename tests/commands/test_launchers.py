@@ -2,7 +2,7 @@
 import pytest
 
 from hasten.launchers import debug_launcher, notebook_launcher
-from helpers import _one_multiprocess_job_at_a_time
+from helpers import one_multiprocess_job_at_a_time
 
 
 def _report(offset):
@@ -17,7 +17,7 @@ def _report(offset):
 
 
 def test_debug_launcher_runs_two_cpu_processes():
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         results = debug_launcher(_report, args=(10,), num_processes=2)
     assert sorted(results.values()) == [(10, 2, "MULTI_CPU", "no", "true"), (11, 2, "MULTI_CPU", "no", "true")]
 
@@ -27,7 +27,7 @@ def test_notebook_launcher_single_process_runs_inline():
 
 
 def test_notebook_launcher_passes_mixed_precision_and_rejects_bad_input():
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         results = notebook_launcher(_report, args=(0,), num_processes=2, mixed_precision="bf16", use_port="0")
     assert {value[3] for value in results.values()} == {"bf16"}
     with pytest.raises(ValueError, match="mixed_precision"):
@@ -53,7 +53,7 @@ def test_notebook_launcher_after_a_state_exists_starts_workers_with_their_own():
     from hasten.state import PartialState
 
     PartialState(cpu=True)
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         results = notebook_launcher(_report, args=(0,), num_processes=2, use_port="0")
     assert sorted(value[:3] for value in results.values()) == [(0, 2, "MULTI_CPU"), (1, 2, "MULTI_CPU")]
     assert PartialState().num_processes == 1  # this process's own state is left as it was

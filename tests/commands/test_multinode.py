@@ -9,10 +9,10 @@ import textwrap
 import pytest
 import yaml
 
-from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env
+from helpers import ROOT, one_multiprocess_job_at_a_time, clean_env
 from hasten.commands.errors import CommandError
 from hasten.commands.launch_plan import build_plan
-from hasten.commands.slurm import expand_nodelist, first_host, slurm_layout
+from hasten.core.slurm import expand_nodelist, first_host, slurm_layout
 from hasten.commands.launch import launch_command_parser, load_launch_config
 
 SLURM_2_NODES = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",
@@ -201,7 +201,7 @@ def test_a_real_elastic_job_of_two_agents_on_this_machine(tmp_path):
     port = find_free_port()
     command = [sys.executable, "-m", "hasten", "launch", "--num_machines", "1:2", "-n", "2", "--main_process_ip",
                "127.0.0.1", "--main_process_port", str(port), "--monitor_interval", "0.2", str(script)]
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         agents = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                    cwd=ROOT) for _ in range(2)]
         outputs = [agent.communicate(timeout=180) for agent in agents]

@@ -65,7 +65,7 @@ def test_world_size_without_launcher_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv("MASTER_ADDR", raising=False)
-    with pytest.raises(RuntimeError, match="hasten launch"):
+    with pytest.raises(ValueError, match="hasten launch"):
         PartialState()
 
 

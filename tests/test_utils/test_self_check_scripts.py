@@ -4,7 +4,7 @@ import subprocess
 import sys
 import textwrap
 
-from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env
+from helpers import ROOT, one_multiprocess_job_at_a_time, clean_env
 
 DRIVER = textwrap.dedent("""
     from hasten import debug_launcher
@@ -18,7 +18,7 @@ DRIVER = textwrap.dedent("""
 
 
 def test_scripts_under_debug_launcher():
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         result = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, timeout=300,
                                 env=clean_env(), cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]

@@ -16,7 +16,7 @@ import torch
 import hasten.test_utils as tu
 from hasten.state import AcceleratorState, PartialState
 from hasten.test_utils import testing, training
-from helpers import _one_multiprocess_job_at_a_time, clean_env
+from helpers import one_multiprocess_job_at_a_time, clean_env
 
 
 def skipped(decorated) -> bool:
@@ -260,7 +260,7 @@ def test_launch_command_runs_a_two_process_job(tmp_path):
     script = tmp_path / "check_same.py"
     script.write_text(LAUNCHED)
     command = tu.get_launch_command(num_processes=2, monitor_interval=0.1) + [script]
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         result = tu.execute_subprocess_async(command, env=clean_env(), timeout=240, quiet=True)
     assert sum("ok" in line for line in result.stdout) == 2
 

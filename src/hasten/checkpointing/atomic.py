@@ -40,7 +40,7 @@ __all__ = ["staging_folder", "replaced_folder", "fsync_file", "fsync_folder", "w
            "verify_complete", "start_content_check", "file_shares", "content_changed", "CONTENT_CHANGED", "is_complete",
            "swap_into_place",
            "recover_interrupted_swap", "remove_folder", "files_of", "MARKER_FORMAT", "SaveLock", "LOCK_NAME",
-           "lock_holder_alive", "read_lock", "STAGING_SUFFIX"]
+           "lock_holder_alive", "read_lock", "STAGING_SUFFIX", "marker_for", "process_markers"]
 
 MARKER_FORMAT = 1
 LOCK_NAME = ".hasten_lock"  # the save in progress (SaveLock, below)
@@ -79,22 +79,25 @@ def fsync_folder(path: Union[str, os.PathLike]) -> None:
 
 
 def files_of(folder: Path) -> dict[str, int]:
-    """Every file under ``folder`` (relative POSIX path -> size in bytes), the marker and the lock excluded."""
+    """Every file under ``folder`` (relative POSIX path -> size in bytes), the markers and the lock excluded."""
     found = {}
     for root, _, names in os.walk(folder):
         for name in names:
             path = Path(root) / name
             relative = path.relative_to(folder).as_posix()
-            if relative not in (MARKER_NAME, LOCK_NAME):
+            if relative != LOCK_NAME and not layout.is_marker(relative):
                 found[relative] = path.stat().st_size
     return dict(sorted(found.items()))
 
 
 # ----------------------------------------------------------------------------- the marker
-def write_marker(folder: Path, metadata: dict, known_checksums: Optional[dict] = None) -> dict:
+def write_marker(folder: Path, metadata: dict, known_checksums: Optional[dict] = None,
+                 name: str = MARKER_NAME) -> dict:
     """Flush every file of ``folder``, then write the completion marker listing them; returns the marker.
     ``known_checksums``: ``{relative path: checksum}`` the writing processes computed once each file was on disk
-    (the others are flushed and checksummed here), so the marker's writer does no work per file of the others."""
+    (the others are flushed and checksummed here), so the marker's writer does no work per file of the others.
+    ``name``: ``hasten_checkpoint.json``, or a process's own marker (``layout.process_marker_file``) when it saved
+    into a folder other than the main process's."""
     files = files_of(folder)
     known_checksums = known_checksums or {}
     for relative in files:
@@ -103,20 +106,20 @@ def write_marker(folder: Path, metadata: dict, known_checksums: Optional[dict] =
     marker = {"format": MARKER_FORMAT, "complete": True, "written_at": time.time(), **metadata, "files": files}
     if checksums_enabled():  # the writers' values; any other file read back from the page cache
         marker["checksums"] = checksums_of(folder, files, known_checksums)
-    temporary = folder / f".{MARKER_NAME}.tmp"
+    temporary = folder / f".{name}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
         json.dump(marker, handle, indent=1, sort_keys=True)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(temporary, folder / MARKER_NAME)
+    os.replace(temporary, folder / name)
     fsync_folder(folder)
     return marker
 
 
-def read_marker(folder: Path) -> Optional[dict]:
+def read_marker(folder: Path, name: str = MARKER_NAME) -> Optional[dict]:
     """The completion marker of ``folder``; None when there is none (a save that never finished, or a
-    checkpoint written by another library)."""
-    path = Path(folder) / MARKER_NAME
+    checkpoint written by another library). ``name``: another marker of the folder (``layout.process_marker_file``)."""
+    path = Path(folder) / name
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -141,13 +144,14 @@ def is_complete(folder: Union[str, os.PathLike]) -> bool:
         return False
 
 
-def start_content_check(folder: Path, marker: Optional[dict],
-                        share: tuple[int, int] = (0, 1)) -> Callable[[], Optional[tuple[str, str, str]]]:
+def start_content_check(folder: Path, marker: Optional[dict], share: tuple[int, int] = (0, 1),
+                        own_folder: bool = False) -> Callable[[], Optional[tuple[str, str, str]]]:
     """Start recomputing the checksums the marker recorded (in the background); returns ``wait()``, which gives
     None or ``(file, checksum now, checksum saved)`` of a file whose content changed. ``share``: ``(this process,
     processes)`` — each checks its own files (random states, loader positions: a damage is then reported as that
     process's) and its share of the others (``file_shares``), so that a load on many processes reads the checkpoint
-    back once, not once per process; the caller makes every process hear of a mismatch."""
+    back once, not once per process; the caller makes every process hear of a mismatch. ``own_folder``: the
+    processes load different folders (each its own copy), so this one checks every shared file of ``folder``."""
     checksums = marker.get("checksums") if marker else None
     if not isinstance(checksums, dict) or not checksums_enabled():
         return lambda: None
@@ -155,8 +159,8 @@ def start_content_check(folder: Path, marker: Optional[dict],
                 if relative in marker["files"] and isinstance(value, str)}
     process, processes = share
     own = {name: index for index in range(processes) for name in layout.process_files(index)}
-    dealt = file_shares({relative: marker["files"][relative] for relative in recorded if relative not in own},
-                        processes)[process]
+    shared = {relative: marker["files"][relative] for relative in recorded if relative not in own}
+    dealt = list(shared) if own_folder else file_shares(shared, processes)[process]
     mine = dealt + [relative for relative in recorded if own.get(relative) == process]
     return check_files_later(Path(folder), {relative: recorded[relative] for relative in mine})
 
@@ -186,9 +190,32 @@ def content_changed(folder: Path, relative: str, found: str, recorded: str) -> C
     )
 
 
-def verify_complete(folder: Union[str, os.PathLike], check_content: bool = True) -> Optional[dict]:
+def process_markers(folder: Path) -> list[str]:
+    """The names of the markers processes wrote into folders of their own, found in ``folder`` (copied there)."""
+    try:
+        return sorted(name for name in os.listdir(folder) if name != MARKER_NAME and layout.is_marker(name))
+    except OSError:
+        return []
+
+
+def marker_for(folder: Path, process_index: int) -> Optional[dict]:
+    """The marker process ``process_index`` checks ``folder`` against: its own (it saved into a folder of its own,
+    since copied here with the others), else the main process's, else the first other process's (a folder one
+    process saved into alone)."""
+    own = layout.process_marker_file(process_index)
+    if (Path(folder) / own).is_file():
+        return read_marker(folder, own)
+    marker = read_marker(folder)
+    if marker is None:
+        others = process_markers(folder)
+        marker = read_marker(folder, others[0]) if others else None
+    return marker
+
+
+def verify_complete(folder: Union[str, os.PathLike], check_content: bool = True,
+                    process_index: Optional[int] = None) -> Optional[dict]:
     """Check that every file the marker lists exists with its saved size and (``check_content``) checksum;
-    return the marker.
+    return the marker. ``process_index``: check the marker that process reads (``marker_for``).
 
     Returns None for a folder without marker that is not a staging folder (e.g. written by the reference
     library): the caller then checks the files it needs itself. Raises ``IncompleteCheckpointError`` or
@@ -200,7 +227,7 @@ def verify_complete(folder: Union[str, os.PathLike], check_content: bool = True)
             f"{folder} is the staging folder of a save that never finished ({MARKER_NAME} was never written): "
             "its files may be partial. Load the checkpoint it was meant to replace, or another one."
         )
-    marker = read_marker(folder)
+    marker = read_marker(folder) if process_index is None else marker_for(folder, process_index)
     if marker is None:
         return None
     for relative, size in marker["files"].items():
@@ -242,7 +269,7 @@ def _carried_over(old: Path, new_entries: set, is_checkpoint_file) -> list[str]:
     listed = set(marker["files"]) if marker else set()
     kept = []
     for entry in sorted(os.listdir(old)):
-        if entry == MARKER_NAME or entry in new_entries or entry in listed:
+        if layout.is_marker(entry) or entry in new_entries or entry in listed:
             continue
         if any(name.startswith(entry + "/") for name in listed):
             continue  # a folder the old checkpoint wrote (e.g. by a save hook)

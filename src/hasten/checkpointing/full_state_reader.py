@@ -135,9 +135,11 @@ class _Plan:
                 "start from the beginning (continue mid-epoch with skip_first_batches).",
                 folder, saved_processes, state.num_processes)
         elif self.rng is None and alone:
-            logger.warning("%s holds no random states of process %d: save_state was called on the main process only "
-                           "(as diffusers' scripts do), so this process's random generators keep their current state, "
-                           "as with the reference library.", folder, state.process_index)
+            logger.warning("%s holds no random states of process %d (%s): save_state was called on the main process "
+                           "only (as diffusers' scripts do), or each process saved into a folder of its own and only "
+                           "the main process's was kept (as when only rank 0 reports it to Ray Train), so this "
+                           "process's random generators keep their current state, as with the reference library.",
+                           folder, state.process_index, rng.name)
         elif self.rng is None:
             if marker is not None:
                 raise IncompleteCheckpointError(f"Checkpoint {folder} is incomplete: {rng.name} is missing.")

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from ..collectives.operations import broadcast_object_list
 from ..state import PartialState
 from . import layout
-from .agreement import gather_failures, together
-from .atomic import CONTENT_CHANGED, content_changed, recover_interrupted_swap, start_content_check, verify_complete
+from .agreement import gather_failures, together, together_reporting
+from .atomic import (CONTENT_CHANGED, content_changed, process_markers, recover_interrupted_swap, start_content_check,
+                     verify_complete)
 from .contributions import verify_contribution
 from .formats import is_checkpoint_file
 from .errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, IncompleteCheckpointError
@@ -64,6 +65,12 @@ def agreed_folder(pick: Callable[[], Union[str, os.PathLike]]) -> Path:
 def resolve_load_folder(project_configuration: ProjectConfiguration,
                         input_dir: Optional[Union[str, os.PathLike]]) -> Path:
     """The folder to load: ``input_dir``, else the newest complete automatic checkpoint (collective)."""
+    return _resolve_load_folder(project_configuration, input_dir)[0]
+
+
+def _resolve_load_folder(project_configuration: ProjectConfiguration,
+                         input_dir: Optional[Union[str, os.PathLike]]) -> tuple[Path, bool]:
+    """``resolve_load_folder``, and whether some process loads a folder of its own (collective)."""
     if input_dir is not None:
         folder = Path(os.path.abspath(os.path.expanduser(os.fspath(input_dir))))
 
@@ -75,10 +82,13 @@ def resolve_load_folder(project_configuration: ProjectConfiguration,
 
         agreed = agreed_folder(pick)
         # A process given a folder other than the main process's loads its own (it saved a whole copy there).
-        return together("finding the checkpoint folder", lambda: agreed if agreed == folder else pick())
+        chosen, folders = together_reporting("finding the checkpoint folder",
+                                             lambda: agreed if agreed == folder else Path(pick()),
+                                             report=lambda: agreed == folder)
+        return chosen, not all(folders)
     if project_configuration.automatic_checkpoint_naming:
         root = checkpoints_root(project_configuration)
-        return agreed_folder(lambda: require_newest_complete_checkpoint(root))
+        return agreed_folder(lambda: require_newest_complete_checkpoint(root)), False
     raise ValueError(
         "load_state needs an input_dir, or automatic naming (ProjectConfiguration(project_dir=..., "
         "automatic_checkpoint_naming=True)) to load the newest checkpoint of the project."
@@ -106,17 +116,19 @@ class _Refused(Exception):
         self.error, self.damaged, self.reason = error, damaged, reason
 
 
-def _load_folder(strategy, targets, folder: Path, load_kwargs, device, strict: bool) -> None:
+def _load_folder(strategy, targets, folder: Path, load_kwargs, device, strict: bool, own_folders: bool = False) -> None:
     """Check and read everything (the strategy's checkpoint IO), agree, apply; raises ``_Refused`` before
     anything is applied. The files' checksums are checked once in all, each process checking its share
-    (``start_content_check``): a changed file found by any process refuses the load on every process."""
+    (``start_content_check``; all of its folder when ``own_folders``: the processes load different copies): a
+    changed file found by any process refuses the load on every process."""
     error = loaded = None
     state = PartialState()
     try:
-        marker = verify_complete(folder, check_content=False)
+        marker = verify_complete(folder, check_content=False, process_index=state.process_index)
         verify_contribution(folder, marker, state.process_index)  # this process's own files, if it added any
         # in the background, while the files are parsed
-        wait_for_checksums = start_content_check(folder, marker, share=(state.process_index, state.num_processes))
+        wait_for_checksums = start_content_check(folder, marker, share=(state.process_index, state.num_processes),
+                                                 own_folder=own_folders or bool(process_markers(folder)))
         try:
             loaded = strategy.read_checkpoint(folder, marker, targets, load_kwargs=load_kwargs, device=device,
                                                  strict=strict)
@@ -205,10 +217,10 @@ def load_state(strategy: CheckpointingStrategy, targets: CheckpointTargets, proj
         folder = load_newest(strategy, targets, project, root, load_kwargs, device, strict)
         logger.info("Loaded the state from %s", folder)
     else:
-        folder = resolve_load_folder(project, input_dir)
+        folder, own_folders = _resolve_load_folder(project, input_dir)
         logger.info("Loading the state from %s", folder)
         try:
-            _load_folder(strategy, targets, folder, load_kwargs, device, strict)
+            _load_folder(strategy, targets, folder, load_kwargs, device, strict, own_folders)
         except _Refused as refused:
             raise refused.error from None
     iteration = layout.automatic_iteration(folder)

@@ -122,12 +122,14 @@ class Participation:
     writes a checkpoint by itself). ``handshake``: set when the main process writes alone and publishes its outcome.
     ``contributes``: this process adds its own files to the main process's checkpoint (``contributions.py``).
     ``skip``: this process writes nothing (save_on_each_node: the main process already saved alone). ``alone``: the
-    main process writes the checkpoint without the others' files (they add them, or, with save_on_each_node, not)."""
+    main process writes the checkpoint without the others' files (they add them, or, with save_on_each_node, not).
+    ``own_folder``: this process, not the main one, writes a whole checkpoint into a folder of its own."""
     processes: object = None
     handshake: Optional[Handshake] = None
     contributes: bool = False
     skip: bool = False
     alone: bool = False
+    own_folder: bool = False
 
 
 def settle_participation(strategy: CheckpointingStrategy, folder: Path,
@@ -145,7 +147,7 @@ def settle_participation(strategy: CheckpointingStrategy, folder: Path,
     handshake = _pair(str(folder))
     if handshake is not None:
         return Participation(handshake=handshake, contributes=True)
-    return Participation(processes=ProcessView.alone(state))  # a folder of its own: a whole checkpoint there
+    return Participation(processes=ProcessView.alone(state), own_folder=True)  # a whole checkpoint there
 
 
 def _pair(folder: str) -> Optional[Handshake]:

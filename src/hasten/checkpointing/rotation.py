@@ -44,12 +44,14 @@ def checkpoints_root(project_configuration: ProjectConfiguration) -> Path:
     return Path(project_configuration.project_dir) / CHECKPOINTS_FOLDER
 
 
-def next_automatic_folder(project_configuration: ProjectConfiguration) -> Path:
+def next_automatic_folder(project_configuration: ProjectConfiguration, must_be_new: bool = True) -> Path:
     """The folder the next automatic save writes, ``checkpoint_{iteration}``; it must not exist yet, unless it is one
-    that a process was killed while adding its files to (it cannot be loaded; the save replaces it)."""
+    that a process was killed while adding its files to (it cannot be loaded; the save replaces it).
+    ``must_be_new=False``: a process adding its files to the folder the main process saves by itself, which may have
+    completed it already."""
     checkpoints_root(project_configuration)  # the project_dir check
     folder = Path(automatic_folder(project_configuration.project_dir, project_configuration.iteration))
-    if folder.exists() and not missing_processes(folder):
+    if must_be_new and folder.exists() and not missing_processes(folder):
         raise ValueError(
             f"Checkpoint folder {folder} already exists (iteration {project_configuration.iteration}). To continue "
             "a run, load its state first (accelerator.load_state() moves the iteration past the newest "

@@ -37,13 +37,15 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_save_folder(project_configuration: ProjectConfiguration,
-                        output_dir: Optional[Union[str, os.PathLike]]) -> tuple[Path, bool]:
-    """``(folder, automatic)``: where this save goes and whether it is an automatically named one."""
+                        output_dir: Optional[Union[str, os.PathLike]], must_be_new: bool = True) -> tuple[Path, bool]:
+    """``(folder, automatic)``: where this save goes and whether it is an automatically named one. ``must_be_new``:
+    an automatic folder must not exist yet (False for a process whose main process saves by itself and may have
+    completed it already, ``participation.py``)."""
     if project_configuration.automatic_checkpoint_naming:
         if output_dir is not None:
             logger.warning("automatic_checkpoint_naming is on: output_dir=%r is ignored, the state goes to %s.",
                            output_dir, checkpoints_root(project_configuration))
-        return next_automatic_folder(project_configuration), True
+        return next_automatic_folder(project_configuration, must_be_new), True
     if output_dir is None:
         raise ValueError(
             "save_state needs an output_dir, or automatic naming: "
@@ -86,7 +88,9 @@ def save_state(strategy: CheckpointingStrategy, targets: CheckpointTargets, proj
         raise ValueError(f"save_state(async_save=True) is not available with {type(strategy).__name__}: its "
                          "engine writes its own files, collectively, while the save runs. Call save_state() without "
                          "async_save.")
-    folder, automatic = resolve_save_folder(project, output_dir)
+    state = PartialState()
+    folder, automatic = resolve_save_folder(project, output_dir, must_be_new=state.is_main_process or not (
+        state.use_distributed and getattr(strategy, "saves_from_one_process", False)))
     participation = settle_participation(strategy, folder, project.save_on_each_node)
     if participation.skip:  # save_on_each_node: the main process saved this one alone, complete without this process
         project.iteration += 1
@@ -130,7 +134,8 @@ def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool,
                  lambda: remove_stale_staging(folder.parent, saving=folder.name)
                  if (state.is_local_main_process if project.save_on_each_node else state.is_main_process) else None,
                  processes=processes)
-    transaction = SaveTransaction(folder, save_on_each_node=project.save_on_each_node, processes=processes)
+    transaction = SaveTransaction(folder, save_on_each_node=project.save_on_each_node, processes=processes,
+                                  own_folder=participation.own_folder)
     transaction.begin()
     logger.info("Saving the state to %s", folder)
 

@@ -6,6 +6,12 @@ positions into the same staging folder. With ``save_on_each_node`` the main proc
 does not see the main process's folder (no shared file system) does the same on its own disk, and so does a
 process that was given a folder other than the main process's.
 
+A process that writes a whole checkpoint into a folder other than the main process's (each process given a folder
+of its own, as scripts under Ray Train do, then report it) names its completion marker after itself
+(``hasten_checkpoint.process_{rank}.json``): every file name then belongs to one process or holds the same bytes in
+every such folder, so the folders copied into one by an engine or ``cp -r`` form one checkpoint, in which each
+process checks the files against its own marker (``atomic.marker_for``).
+
 The process that creates a staging folder takes its lock (``SaveLock`` in ``checkpointing/atomic.py``), so a second
 job saving to the same folder stops with an error instead of deleting this one's files.
 
@@ -26,6 +32,7 @@ from .checksums import noted_under
 from .atomic import recover_interrupted_swap, staging_folder, swap_into_place, write_marker
 from .errors import CheckpointError
 from .formats import is_checkpoint_file
+from .layout import MARKER_NAME, process_marker_file
 from .atomic import SaveLock
 
 if TYPE_CHECKING:
@@ -39,7 +46,8 @@ _OWNER_FILE = ".hasten_owner"
 class SaveTransaction:
     """Stages, writes and completes one checkpoint folder (see the module docstring)."""
 
-    def __init__(self, final: Path, save_on_each_node: bool = False, processes: Optional[ProcessView] = None):
+    def __init__(self, final: Path, save_on_each_node: bool = False, processes: Optional[ProcessView] = None,
+                 own_folder: bool = False):
         self.final = Path(os.path.abspath(os.fspath(final)))
         self.staging = staging_folder(self.final)
         self.save_on_each_node = save_on_each_node
@@ -48,6 +56,7 @@ class SaveTransaction:
         self.writes_shared_files = False
         self.lock = SaveLock(self.final, self.staging)
         self._known_checksums: dict[str, str] = {}  # relative path -> checksum, as the processes computed them
+        self.own_folder = own_folder  # this process saves apart from the main process (known by ``begin`` else)
 
     # ------------------------------------------------------------------ preparing
     def _claim(self, token: str) -> None:
@@ -71,6 +80,7 @@ class SaveTransaction:
         if self.state.use_distributed:
             broadcast_object_list(sent)
         token, own_folder = sent[0], sent[1] != str(self.final)
+        self.own_folder = self.own_folder or own_folder
         main = self.state.is_main_process or own_folder
         try:
             together("preparing the checkpoint folder", lambda: self._claim(token) if main else None,
@@ -116,7 +126,9 @@ class SaveTransaction:
 
     def _complete(self, metadata: dict) -> None:
         (self.staging / _OWNER_FILE).unlink(missing_ok=True)
-        write_marker(self.staging, metadata, self._known_checksums)
+        index = PartialState().process_index
+        name = process_marker_file(index) if self.own_folder and index != 0 else MARKER_NAME
+        write_marker(self.staging, metadata, self._known_checksums, name=name)
         swap_into_place(self.staging, self.final, is_checkpoint_file)
         self.lock.release(self.final)
 

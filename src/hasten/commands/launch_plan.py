@@ -30,7 +30,7 @@ from .launch_fp8 import fp8_env
 from .launch_options import backend_env, backend_not_yet_supported, given_backend_options, section_env
 from .launch_parallelism import parallelism_env
 from .loopback_store import is_loopback
-from .slurm import SlurmLayout, first_host, slurm_layout
+from ..core.slurm import SlurmLayout, first_host, slurm_layout
 
 RUNNER_MODULE = "hasten.commands.run_script"
 DEFAULT_MULTI_MACHINE_PORT = 29500

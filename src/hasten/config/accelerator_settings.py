@@ -2,7 +2,9 @@
 
 argument in code > launcher environment (``HASTEN_*``, or Accelerate's ``ACCELERATE_*`` aliases) > config file
 (the one ``hasten launch`` used, named in ``HASTEN_CONFIG_FILE``) > default. Two explicit sources that disagree
-raise ``ConfigConflictError``.
+raise ``ConfigConflictError``. A file named there without the launcher (a pod's ``python train.py``) gives its
+precision, CPU choice, accumulation steps and dynamo backend; a backend (FSDP, DeepSpeed, Megatron-LM) in it is
+refused, since only the launcher applies a backend's section.
 """
 from __future__ import annotations
 
@@ -76,6 +78,7 @@ def _launcher_config() -> tuple[dict, Optional[str]]:
     from .config_file import load_config_file
 
     raw = load_config_file(path)
+    _check_backend_applied(raw, path)
     config = {}
     for key, (setting, neutral) in _CONFIG_SETTINGS.items():
         if key in raw and not setting_is_set(setting) and raw[key] != neutral:
@@ -84,6 +87,23 @@ def _launcher_config() -> tuple[dict, Optional[str]]:
     if backend is not None and not setting_is_set("dynamo_backend") and str(backend).upper() != "NO":
         config["dynamo_backend"] = backend
     return config, path
+
+
+_BACKEND_SWITCH = {"FSDP": "use_fsdp", "DEEPSPEED": "use_deepspeed", "MEGATRON_LM": "use_megatron_lm"}
+
+
+def _check_backend_applied(raw: dict, path: str) -> None:
+    """Refuse a config file whose backend only ``hasten launch`` turns into the plugin's settings, when this process
+    was not started by it (no backend switch in the environment): training would silently fall back to plain data
+    parallelism."""
+    kind = str(raw.get("distributed_type") or "").upper()
+    switch = _BACKEND_SWITCH.get(kind)
+    if switch is not None and not setting_is_set(switch):
+        raise ValueError(
+            f"{path} (named by HASTEN_CONFIG_FILE) sets distributed_type: {kind}, which `hasten launch --config_file` "
+            f"turns into the backend's settings; this process was not started by it, so it would train without "
+            f"{kind}. Start it with `hasten launch --config_file {path} train.py` (in a pod or an srun step too: "
+            "docs/engines.md), or give the Accelerator the backend's plugin in code.")
 
 
 def resolve_mixed_precision(value: Optional[str] = None, argument_name: str = "mixed_precision=",

@@ -120,17 +120,16 @@ class CPUInformation:
 
 
 def get_cpu_distributed_information() -> CPUInformation:
-    """This process's rank, world size, local rank and local world size, from the launcher's variables
-    (torchrun's ``RANK`` ..., Intel MPI's ``PMI_*``/``MPI_LOCAL*``, Open MPI's ``OMPI_COMM_WORLD_*``,
-    MVAPICH's ``MV2_COMM_WORLD_*``); a single process when none is set."""
-    return CPUInformation(
-        rank=get_int_from_env(["RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"], 0),
-        world_size=get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1),
-        local_rank=get_int_from_env(
-            ["LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK"], 0),
-        local_world_size=get_int_from_env(
-            ["LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"], 1),
-    )
+    """This process's rank, world size, local rank and local world size, from the variables of the engine that
+    started it (``core/cluster.py``: torchrun's ``RANK`` ..., the MPI families', SLURM's); a single process when none
+    is set."""
+    from .cluster import place_process
+
+    place = place_process()
+    if place is None:
+        return CPUInformation()
+    return CPUInformation(rank=place.rank, world_size=place.world_size, local_rank=place.local_rank,
+                          local_world_size=place.local_world_size or 1)
 
 
 #: The oldest Linux kernel known not to make distributed runs hang.

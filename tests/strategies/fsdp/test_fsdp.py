@@ -93,11 +93,11 @@ def test_a_job_killed_during_an_async_sharded_save_keeps_the_previous_checkpoint
     import signal
     import time
 
-    from helpers import ROOT, _one_multiprocess_job_at_a_time
+    from helpers import ROOT, one_multiprocess_job_at_a_time
 
     command = [sys.executable, "-m", "hasten", "launch", "-n", "2", str(HERE / "fsdp_async_kill.py"), "save",
                str(tmp_path)]
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
                                cwd=ROOT, start_new_session=True)
         deadline = time.monotonic() + 120

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import ROOT, _one_multiprocess_job_at_a_time, clean_env
+from helpers import ROOT, one_multiprocess_job_at_a_time, clean_env
 
 HERE = Path(__file__).resolve().parent  # the scripts these tests launch live beside them
 sys.path.insert(0, str(HERE))
@@ -56,7 +56,7 @@ def test_killing_one_machine_of_an_elastic_fsdp_job_continues_on_fewer_processes
 
     env = {k: v for k, v in clean_env(HASTEN_CONFIG_HOME=str(tmp_path / "none")).items() if not k.startswith("SLURM_")}
     port = find_free_port()
-    with _one_multiprocess_job_at_a_time():
+    with one_multiprocess_job_at_a_time():
         first, second = _agent(port, tmp_path, env), _agent(port, tmp_path, env)
         deadline = time.monotonic() + 240
         agents = tmp_path / "agents"

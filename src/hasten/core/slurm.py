@@ -3,7 +3,8 @@
 ``hasten launch`` runs once per machine (``srun --ntasks-per-node=1 hasten launch ...``); inside an
 allocation it reads the layout from SLURM's variables instead of asking for ``--num_machines``,
 ``--machine_rank`` and ``--main_process_ip``. A job step's own variables (``SLURM_STEP_*``) come first, as
-``srun`` may use fewer nodes than the job has.
+``srun`` may use fewer nodes than the job has. ``srun python train.py`` without a launcher reads the main address
+here too (``first_host``, through ``core/cluster.py``).
 """
 from __future__ import annotations
 
