@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP := $(VENV)/.installed-test
-TEST_EXTRAS ?= test,reference,stateful,fp8,deepspeed,bnb,trackers,report,ecosystem
+TEST_EXTRAS ?= test,reference,stateful,fp8,deepspeed,bnb,trackers,report,ecosystem,ray
 
 .PHONY: demo test test-fast bench venv clean
 

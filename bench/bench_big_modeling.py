@@ -2,10 +2,15 @@
 
     python bench/bench_big_modeling.py            # all three benchmarks (~0.8 GB written to a temp folder)
     python bench/bench_big_modeling.py --only plan
+    python bench/bench_big_modeling.py --only load --pairs 30 --json bench/big_model_loading.json
 
 1. ``load``: ``load_checkpoint_and_dispatch`` of a ~0.8 GB safetensors file onto the CPU, into a model built on
-   the meta device. Time, and the peak RSS the load adds to the process (as a multiple of the file size).
-   Plain PyTorch: ``safetensors.torch.load_file`` + ``load_state_dict(assign=True)``.
+   the meta device, then one forward (which reads every weight): the time of both together, and the peak RSS
+   they add to the process (as a multiple of the file size). Four cases: weights kept in their file dtype
+   (float32) or converted on load (``dtype=torch.bfloat16``), with the file in the page cache ("warm") or evicted
+   from it first ("cold", ``posix_fadvise(DONTNEED)``). Plain PyTorch: ``safetensors.torch.load_file``
+   (+ ``.to(dtype)``) and ``load_state_dict(assign=True)``. Each round runs every variant once per case in
+   turn, in a fresh process, the order rotating; reported: the median of the per-round ratios.
 2. ``plan``: ``infer_auto_device_map`` of a 12,000-module model (baseline: Accelerate).
 3. ``offload``: a forward pass with half of the blocks on disk: the output must equal the fully loaded model's,
    and the peak RSS (loading + forward) must stay well below the model size.
@@ -92,18 +97,31 @@ def _empty_model(variant: str):
         return BigModel()
 
 
-def _load(variant: str, model, checkpoint: str, device_map, offload_folder=None):
+def _loader(variant: str):
+    """The variant's load function, imported before any timing starts (imports are not loading)."""
     if variant == "torch":
         from safetensors.torch import load_file
 
-        state = load_file(checkpoint)
-        model.load_state_dict(state, assign=True)
-        return model
+        def load(model, checkpoint, device_map, offload_folder=None, dtype=None):
+            state = load_file(checkpoint)
+            if dtype is not None:
+                state = {name: tensor.to(dtype) for name, tensor in state.items()}
+            model.load_state_dict(state, assign=True)
+            return model
+        return load
     if variant == "hasten":
         from hasten import load_checkpoint_and_dispatch
     else:
         from accelerate import load_checkpoint_and_dispatch
-    return load_checkpoint_and_dispatch(model, checkpoint, device_map=device_map, offload_folder=offload_folder)
+    return lambda model, checkpoint, device_map, offload_folder=None, dtype=None: load_checkpoint_and_dispatch(
+        model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype)
+
+
+def _load(variant: str, model, checkpoint: str, device_map, offload_folder=None):
+    return _loader(variant)(model, checkpoint, device_map, offload_folder)
+
+
+LOAD_CASES = ("float32 warm", "bfloat16 warm", "float32 cold", "bfloat16 cold")
 
 
 def child(task: str, variant: str, folder: str) -> dict:
@@ -114,19 +132,21 @@ def child(task: str, variant: str, folder: str) -> dict:
 
     checkpoint = os.path.join(folder, "model.safetensors")
     model = _empty_model(variant)
+    if task.startswith("load"):
+        dtype = torch.bfloat16 if "bfloat16" in task else None
+        load = _loader(variant)
+        x = torch.load(os.path.join(folder, "input.pt")).to(dtype or torch.float32)
     gc.collect()
     before = psutil.Process().memory_info().rss
     reset_peak_rss()
     start = time.perf_counter()
-    if task == "load":
-        model = _load(variant, model, checkpoint, {"": "cpu"})
+    if task.startswith("load"):
+        model = load(model, checkpoint, {"": "cpu"}, dtype=dtype)
+        loaded = time.perf_counter()
+        with torch.no_grad():  # the first forward reads every weight (a mapped one only now)
+            output = model(x)
         seconds = time.perf_counter() - start
-        loaded_peak = peak_rss() - before
-        touch_start = time.perf_counter()
-        with torch.no_grad():  # first use: memory-mapped weights are only read now
-            checksum = sum(float(p.double().sum()) for p in model.parameters())
-        result = {"seconds": seconds, "probe": checksum, "loaded_peak": loaded_peak,
-                  "first_use_seconds": time.perf_counter() - touch_start}
+        result = {"seconds": seconds, "load_seconds": loaded - start, "probe": float(output.double().sum())}
     else:  # offload: half the blocks on disk (plain torch: fully loaded, the reference output)
         offload = os.path.join(folder, f"offload-{variant}-{os.getpid()}")
         model = _load(variant, model, checkpoint, None if variant == "torch" else half_on_disk_map(), offload)
@@ -142,13 +162,35 @@ def child(task: str, variant: str, folder: str) -> dict:
     return result
 
 
+def _evict(path: Path) -> None:
+    """Drop ``path`` from the page cache, so the next read comes from the disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(descriptor)
+
+
+def _warm(path: Path) -> None:
+    with open(path, "rb") as handle:
+        while handle.read(1 << 26):
+            pass
+
+
 def _run_child(task: str, variant: str, folder: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
+    checkpoint = folder / "model.safetensors"
+    if task.startswith("load"):
+        _evict(checkpoint) if task.endswith("cold") else _warm(checkpoint)
     finished = subprocess.run([sys.executable, __file__, "--child", task, variant, str(folder)], env=env,
                               capture_output=True, text=True)
     if finished.returncode != 0:
         raise RuntimeError(f"{task}/{variant} failed:\n{finished.stderr[-3000:]}")
-    return json.loads(finished.stdout.strip().splitlines()[-1])
+    result = json.loads(finished.stdout.strip().splitlines()[-1])
+    if task.startswith("load") and "probe" not in result:
+        raise RuntimeError(f"{task}/{variant} gave no output probe: {finished.stdout[-2000:]}")
+    return result
 
 
 # ------------------------------------------------------------------ benchmarks
@@ -156,29 +198,35 @@ def _variants() -> list[str]:
     return ["torch", "hasten"] + (["accelerate"] if is_installed("accelerate") else [])
 
 
-def bench_load(folder: Path, file_size: int) -> list:
-    runs: dict[str, list] = {v: [] for v in _variants()}
-
-    def variant(name):
-        def run():
-            result = _run_child("load", name, folder)
-            runs[name].append(result)
-            return result["seconds"]
-        return run
-
-    rows = compare("load_checkpoint_and_dispatch, 0.8 GB safetensors -> CPU", {v: variant(v) for v in _variants()},
-                   repeats=3, show=False)
-    probes = {v: runs[v][-1]["probe"] for v in runs}
-    for row in rows:
-        done = runs[row["variant"]]
-        growth = statistics.median(r["peak_growth"] for r in done)
-        loaded = statistics.median(r["loaded_peak"] for r in done)
-        first_use = statistics.median(r["first_use_seconds"] for r in done)
-        row["note"] = (row["note"] + "; " if row["note"] else "") + (
-            f"peak RSS +{loaded / file_size:.2f}x file after load, +{growth / file_size:.2f}x after first use "
-            f"(first use {first_use:.2f} s)")
-        row["peak_rss_growth_x_file"] = growth / file_size
-    assert len(set(probes.values())) == 1, f"the variants loaded different weights: {probes}"
+def bench_load(folder: Path, file_size: int, pairs: int = 30) -> list:
+    variants = _variants()
+    runs: dict = {(case, v): [] for case in LOAD_CASES for v in variants}
+    for round_index in range(pairs):
+        order = variants[round_index % len(variants):] + variants[:round_index % len(variants)]
+        for case in LOAD_CASES:
+            for variant in order:
+                runs[case, variant].append(_run_child(f"load {case}", variant, folder))
+    rows = []
+    for case in LOAD_CASES:
+        probes = {v: {round(r["probe"], 2) for r in runs[case, v]} for v in variants}
+        assert len(set().union(*probes.values())) == 1, f"{case}: the variants computed different outputs: {probes}"
+        for variant in variants:
+            done = runs[case, variant]
+            row = {"benchmark": f"load_checkpoint_and_dispatch + one forward, 0.8 GB safetensors, {case}",
+                   "variant": variant, "median_s": statistics.median(r["seconds"] for r in done),
+                   "min_s": min(r["seconds"] for r in done), "repeats": len(done),
+                   "load_seconds": statistics.median(r["load_seconds"] for r in done),
+                   "peak_rss_growth_x_file": statistics.median(r["peak_growth"] for r in done) / file_size}
+            for other in ("torch", "accelerate"):
+                if other in variants and other != variant:
+                    row[f"vs_{other}"] = statistics.median(
+                        mine["seconds"] / theirs["seconds"] for mine, theirs in zip(done, runs[case, other]))
+            row["ratio"] = row.get("vs_torch", 1.0)  # "vs baseline": plain PyTorch, median per round
+            ratios = "".join(f"; {row[k]:.2f}x {k[3:]} (median per round)" for k in ("vs_torch", "vs_accelerate")
+                             if k in row)
+            growth = row["peak_rss_growth_x_file"]
+            row["note"] = f"load {row['load_seconds']:.3f} s; peak RSS +{growth:.2f}x file{ratios}"
+            rows.append(row)
     print(format_table(rows), flush=True)
     return rows
 
@@ -248,7 +296,7 @@ def bench_offload(folder: Path, model_size: int) -> list:
     return rows
 
 
-def main(only=None) -> list:
+def main(only=None, pairs: int = 30) -> list:
     only = set(only or ["load", "plan", "offload"])
     rows = []
     if "plan" in only:
@@ -258,11 +306,9 @@ def main(only=None) -> list:
         try:
             checkpoint = write_checkpoint(folder)
             size = checkpoint.stat().st_size
-            with open(checkpoint, "rb") as handle:  # warm the page cache: every variant reads from memory
-                while handle.read(1 << 26):
-                    pass
+            _warm(checkpoint)  # the offload benchmark reads from memory
             if "load" in only:
-                rows += bench_load(folder, size)
+                rows += bench_load(folder, size, pairs)
             if "offload" in only:
                 rows += bench_offload(folder, size)
         finally:
@@ -273,9 +319,14 @@ def main(only=None) -> list:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=["load", "plan", "offload"])
+    parser.add_argument("--pairs", type=int, default=int(os.environ.get("BENCH_PAIRS", 30)),
+                        help="rounds of the load benchmark (each runs every variant once per case)")
+    parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--child", nargs=3, metavar=("TASK", "VARIANT", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)))
     else:
-        main(args.only)
+        result = main(args.only, args.pairs)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")

@@ -196,7 +196,7 @@ FLOORS = (
      "local_sgd"),
     ("quantization", "strategies"),
     ("accumulation", "evaluation", "inference", "accelerator", "planning"),
-    ("commands", "launchers", "test_utils", "__main__"),
+    ("commands", "launchers", "test_utils", "integrations", "__main__"),
 )
 FACES = ("utils", "data_loader", "hooks", "memory_utils", "parallelism_config", "")
 

@@ -94,6 +94,48 @@ def test_load_state_dict_bin_and_bad_files(tmp_path, reference):
         load_state_dict(tmp_path / "absent.safetensors")
 
 
+def _rss_file() -> int:
+    """Bytes of file-backed pages this process has resident (Linux)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssFile:"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RssFile from /proc (Linux)")
+def test_passed_on_tensors_leave_no_file_pages_behind_and_stay_readable(tmp_path):
+    from hasten.big_modeling.checkpoint_files import SafetensorsFile
+
+    tensors = {f"w{i}": torch.randn(1024, 1024) for i in range(8)}  # 32 MB
+    save_file(tensors, tmp_path / "w.safetensors")
+    reader = SafetensorsFile(str(tmp_path / "w.safetensors"))
+    before = _rss_file()
+    passed_on = {name: view for name, view in reader.tensors(mapped=lambda name: False)
+                 if view.to(torch.bfloat16) is not None}  # the caller's copy, made before the next tensor
+    assert _rss_file() - before < 8 << 20, "the passed-on tensors' file pages stayed in the process"
+    for name, view in passed_on.items():  # released pages read the file again
+        assert torch.equal(view, tensors[name]), name
+    before = _rss_file()
+    kept = dict(reader.tensors())
+    assert all(float(view.sum()) == float(tensors[name].sum()) for name, view in kept.items())
+    assert _rss_file() - before > 24 << 20, "kept views should be the file's own pages"
+
+
+def test_truncated_and_unaligned_safetensors(tmp_path):
+    import struct
+
+    save_file({"a": torch.arange(1000.0)}, tmp_path / "t.safetensors")
+    data = (tmp_path / "t.safetensors").read_bytes()
+    (tmp_path / "t.safetensors").write_bytes(data[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        load_state_dict(tmp_path / "t.safetensors")
+    header = json.dumps({"u": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                         "f": {"dtype": "F32", "shape": [2], "data_offsets": [1, 9]}}).encode()
+    header += b" " * (-len(header) % 8)  # a float32 tensor one byte past an 8-byte boundary
+    (tmp_path / "u.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes([7])
+                                             + struct.pack("<2f", 1.5, -2.0))
+    state = load_state_dict(tmp_path / "u.safetensors")
+    assert state["u"].tolist() == [7] and state["f"].tolist() == [1.5, -2.0]
+
+
 # ------------------------------------------------------------------ layouts
 @pytest.mark.parametrize("layout", ["file", "folder", "index", "folder_with_index", "bin_folder", "bin_index"])
 def test_every_checkpoint_layout_loads(tmp_path, reference, layout):

@@ -1,18 +1,30 @@
 """Finding the files of a checkpoint and reading tensors out of them one at a time.
 
-Two ways to get a tensor out of a safetensors file, chosen per tensor by the loader:
+A safetensors file is read through one copy-on-write memory map of it (``SafetensorsFile.tensors``). The loader
+says, per tensor, which kind it wants:
 
-* mapped: a zero-copy view of the file's pages (safetensors' own memory map, copy-on-write), for tensors that
-  stay on the CPU in their file dtype. Nothing is read until the weights are used, and they never cost more
-  RAM than the file.
-* read: plain file reads straight into a freshly allocated tensor, for tensors that are converted, offloaded
-  to disk or sent to another device. Only that tensor is in memory, and no mapping of the whole file stays
-  resident meanwhile (mapping the file and copying out of it holds up to twice the file in RSS).
+* kept: a zero-copy view of the file's pages, for tensors that stay on the CPU in their file dtype. They never
+  cost more RAM than the file, and the pages are shared with the page cache.
+* passed on: a view the caller copies (converts to another dtype, sends to another device, writes to the offload
+  folder) before it asks for the next tensor; the pages it read are then handed back to the OS, so the process
+  holds the copies and not the file besides. Measured against reading such tensors into fresh memory
+  (``bench/bench_big_modeling.py``), mapping is about twice as fast, from the page cache or from disk: a page
+  fault on the file maps several pages at once, while fresh memory faults in page by page.
+
+The pages of the next tensors, up to ``_READ_AHEAD`` bytes beyond the one handed out, are asked for in the background
+(``MADV_WILLNEED``) and the file is marked for sequential reading, so a file not yet in the page cache is read at
+the disk's speed while the caller converts or uses the tensors before: loading a cold 0.8 GB file as bfloat16 took
+0.4 s this way against 1.3-1.5 s asking for each tensor's pages only as it was handed out, and 0.6-0.7 s for
+safetensors' own reader.
+
+Tensors of a dtype this reader does not know, files on a big-endian machine, and tensors not aligned to their
+element size come from safetensors' own reader instead.
 """
 from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import struct
 import sys
@@ -20,9 +32,10 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 
 import torch
 
-from .module_tensors import tensor_bytes_view
-
 logger = logging.getLogger(__name__)
+
+#: how far ahead of the tensor being handed out its file's pages are asked for (measured: 64-256 MB alike)
+_READ_AHEAD = 128 << 20
 
 WEIGHTS_NAME = "pytorch_model.bin"
 SAFE_WEIGHTS_NAME = "model.safetensors"
@@ -98,6 +111,13 @@ class SafetensorsFile:
         self.metadata: Optional[dict] = header.pop("__metadata__", None)
         self.entries: dict = header
         self.data_start = 8 + length
+        try:
+            end = max((int(entry["data_offsets"][1]) for entry in header.values()), default=0)
+        except (TypeError, KeyError, IndexError, ValueError):
+            raise ValueError(f"{path} is not a safetensors file (a header entry has no data offsets).") from None
+        if self.data_start + end > size:
+            raise ValueError(f"{path} is truncated: its header describes {self.data_start + end} bytes, the file "
+                             f"has {size}.")
 
     def keys(self) -> list[str]:
         return list(self.entries)
@@ -117,35 +137,71 @@ class SafetensorsFile:
 
     def tensors(self, names: Optional[Iterable[str]] = None,
                 mapped: Optional[Callable[[str], bool]] = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, CPU tensor)`` for ``names`` (default: all) in file order; ``mapped(name)`` says which ones
-        to give as zero-copy views of the file (default: all of them)."""
+        """``(name, CPU tensor)`` for ``names`` (default: all) in file order, as views of the file.
+
+        ``mapped(name)`` says which views the caller keeps (default: all of them). The others are passed on:
+        the caller copies them before asking for the next tensor, and the pages they occupy are then released
+        (the view stays valid: touching it again reads the file again).
+        """
         wanted = self.keys() if names is None else [n for n in names if n in self.entries]
         wanted.sort(key=lambda n: self.entries[n]["data_offsets"][0])
         from safetensors import safe_open
 
-        readable = sys.byteorder == "little"
-        with safe_open(self.path, framework="pt", device="cpu") as mapping, open(self.path, "rb", buffering=0) as handle:
-            for name in wanted:
-                if mapped is None or mapped(name) or not readable or self.dtype_of(name) is None:
-                    yield name, mapping.get_tensor(name)
-                else:
-                    yield name, self._read(handle, name)
+        with safe_open(self.path, framework="pt", device="cpu") as fallback, open(self.path, "rb") as handle:
+            whole = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+            if hasattr(os, "posix_fadvise"):  # a page fault reads ahead in large steps
+                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            asked = ahead = 0  # tensors whose pages were asked for, and their bytes not yet handed out
+            for index, name in enumerate(wanted):
+                while asked < len(wanted) and (asked <= index or ahead < _READ_AHEAD):
+                    self._advise(whole, wanted[asked], "MADV_WILLNEED")
+                    ahead += self._size(wanted[asked])
+                    asked += 1
+                ahead -= self._size(name)
+                view = self._view(whole, name)
+                yield name, (fallback.get_tensor(name) if view is None else view)
+                if view is not None and view.numel() and mapped is not None and not mapped(name):
+                    self._advise(whole, name, "MADV_DONTNEED")
 
-    def _read(self, handle, name: str) -> torch.Tensor:
+    def _size(self, name: str) -> int:
+        start, end = self.entries[name]["data_offsets"]
+        return end - start
+
+    def _view(self, whole: mmap.mmap, name: str) -> Optional[torch.Tensor]:
+        """``name`` as a view of the mapped file; None where safetensors' reader must convert it."""
+        dtype = self.dtype_of(name)
         info = self.entries[name]
         start, end = info["data_offsets"]
-        tensor = torch.empty(tuple(info["shape"]), dtype=getattr(torch, _SAFETENSORS_DTYPES[info["dtype"]]))
-        view = tensor_bytes_view(tensor) if tensor.numel() else memoryview(b"")
-        if len(view) != end - start:
-            raise ValueError(f"{self.path}: tensor {name!r} has {end - start} bytes for shape {info['shape']}.")
-        handle.seek(self.data_start + start)
-        done = 0
-        while done < len(view):
-            count = handle.readinto(view[done:])
-            if not count:
-                raise OSError(f"{self.path} ends inside tensor {name!r}: the file is truncated.")
-            done += count
-        return tensor
+        if dtype is None or sys.byteorder != "little":
+            return None
+        shape = tuple(info["shape"])
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        count = 1
+        for size in shape:
+            count *= size
+        if count * itemsize != end - start:
+            raise ValueError(f"{self.path}: tensor {name!r} has {end - start} bytes for shape {list(shape)} of "
+                             f"{dtype}.")
+        if count == 0:
+            return torch.empty(shape, dtype=dtype)
+        if (self.data_start + start) % itemsize:
+            return None
+        return torch.frombuffer(whole, dtype=dtype, count=count, offset=self.data_start + start).view(shape)
+
+    def _advise(self, whole: mmap.mmap, name: str, advice: str) -> None:
+        """``madvise`` the pages of ``name``'s bytes: ``MADV_WILLNEED`` (start reading them from disk now, in the
+        background) or ``MADV_DONTNEED`` (give the whole pages back; they stay in the page cache, out of this
+        process). A no-op where the platform has no such advice."""
+        flag = getattr(mmap, advice, None)
+        if flag is None:
+            return
+        start, end = (self.data_start + offset for offset in self.entries[name]["data_offsets"])
+        if advice == "MADV_DONTNEED":  # only pages wholly inside this tensor
+            first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+        else:
+            first, last = start // mmap.PAGESIZE * mmap.PAGESIZE, end
+        if last > first:
+            whole.madvise(flag, first, last - first)
 
 
 class TorchFile:

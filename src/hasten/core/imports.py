@@ -32,6 +32,7 @@ EXTRAS = {
     "mlflow": ("trackers", "the MLflow tracker"),
     "torchao": ("fp8", "fp8 training through torchao"),
     "accelerate": ("reference", "side-by-side comparisons with the reference library"),
+    "ray": ("ray", "Ray Train"),
 }
 
 #: ``USE_TORCH_XLA=0`` runs a plain torch job on a host where torch_xla is installed (read once, at import).
