@@ -110,7 +110,8 @@ def save_states(accelerator: Accelerator, model: nn.Module, work: Path) -> None:
     accelerator.save_state(own)
     accelerator.wait_for_everyone()
     check((own / "model.safetensors").is_file() and (own / f"random_states_{rank}.pkl").is_file()
-          and (rank == 0 or "contributions" not in json.loads((own / "hasten_checkpoint.json").read_text())),
+          and (rank == 0 or "contributions" not in json.loads((own / f"hasten_checkpoint.process_{rank}.json")
+                                                              .read_text())),
           f"a folder per process holds a whole checkpoint: {sorted(own.iterdir())}", accelerator)
 
     background = work / "state-async"

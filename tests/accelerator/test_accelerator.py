@@ -179,6 +179,12 @@ def test_a_config_file_backend_without_the_launcher_is_refused(monkeypatch, tmp_
         Accelerator()
     monkeypatch.setenv("HASTEN_USE_FSDP", "false")  # what a launch that chose another backend leaves
     assert Accelerator().mixed_precision == "no"
+    from hasten import FullyShardedDataParallelPlugin
+    from hasten.state import AcceleratorState
+
+    monkeypatch.delenv("HASTEN_USE_FSDP")
+    AcceleratorState._reset_state(True)
+    assert Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin()).mixed_precision == "no"  # the plugin in code
 
 
 def test_backward_rejects_non_scalar_loss_and_accepts_gradient():

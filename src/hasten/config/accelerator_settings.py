@@ -65,7 +65,7 @@ _CONFIG_SETTINGS = {"mixed_precision": ("mixed_precision", "no"), "use_cpu": ("u
                     "gradient_accumulation_steps": ("gradient_accumulation_steps", 1)}
 
 
-def _launcher_config() -> tuple[dict, Optional[str]]:
+def _launcher_config(backends_in_code: frozenset = frozenset()) -> tuple[dict, Optional[str]]:
     """The settings of the config file named by ``HASTEN_CONFIG_FILE`` that still count.
 
     ``hasten launch`` already merged the file with its flags into ``HASTEN_*`` variables: where such a variable
@@ -78,7 +78,7 @@ def _launcher_config() -> tuple[dict, Optional[str]]:
     from .config_file import load_config_file
 
     raw = load_config_file(path)
-    _check_backend_applied(raw, path)
+    _check_backend_applied(raw, path, backends_in_code)
     config = {}
     for key, (setting, neutral) in _CONFIG_SETTINGS.items():
         if key in raw and not setting_is_set(setting) and raw[key] != neutral:
@@ -92,13 +92,13 @@ def _launcher_config() -> tuple[dict, Optional[str]]:
 _BACKEND_SWITCH = {"FSDP": "use_fsdp", "DEEPSPEED": "use_deepspeed", "MEGATRON_LM": "use_megatron_lm"}
 
 
-def _check_backend_applied(raw: dict, path: str) -> None:
+def _check_backend_applied(raw: dict, path: str, backends_in_code: frozenset) -> None:
     """Refuse a config file whose backend only ``hasten launch`` turns into the plugin's settings, when this process
-    was not started by it (no backend switch in the environment): training would silently fall back to plain data
-    parallelism."""
+    was not started by it (no backend switch in the environment) and the code gives no plugin for it: training
+    would silently fall back to plain data parallelism."""
     kind = str(raw.get("distributed_type") or "").upper()
     switch = _BACKEND_SWITCH.get(kind)
-    if switch is not None and not setting_is_set(switch):
+    if switch is not None and not setting_is_set(switch) and kind not in backends_in_code:
         raise ValueError(
             f"{path} (named by HASTEN_CONFIG_FILE) sets distributed_type: {kind}, which `hasten launch --config_file` "
             f"turns into the backend's settings; this process was not started by it, so it would train without "
@@ -175,12 +175,15 @@ def resolve_accelerator_settings(*, mixed_precision: Optional[str] = None, cpu: 
                                  project_dir: Optional[Union[str, os.PathLike]] = None,
                                  project_config: Optional[ProjectConfiguration] = None,
                                  rng_types: Optional[list[Union[str, RNGType]]] = None,
-                                 kwargs_handlers: Optional[list[KwargsHandler]] = None) -> AcceleratorSettings:
-    """Validate the Accelerator's arguments and merge them with the launcher's environment and config file."""
+                                 kwargs_handlers: Optional[list[KwargsHandler]] = None,
+                                 backends_in_code: frozenset = frozenset()) -> AcceleratorSettings:
+    """Validate the Accelerator's arguments and merge them with the launcher's environment and config file.
+    ``backends_in_code``: the backends whose plugin the Accelerator was given (``"FSDP"``, ``"DEEPSPEED"``,
+    ``"MEGATRON_LM"``); a config file naming one of them needs no launcher."""
     cpu = parse_bool(cpu, "Accelerator(cpu=...)")
     if split_batches is not SPLIT_BATCHES_UNSET:
         parse_bool(split_batches, "Accelerator(split_batches=...)")  # checked before anything else is read
-    config, config_path = _launcher_config()
+    config, config_path = _launcher_config(backends_in_code)
     handlers = _handlers_by_type(kwargs_handlers)
 
     precision = resolve_mixed_precision(mixed_precision, "Accelerator(mixed_precision=...)", config, config_path)
