@@ -1,6 +1,7 @@
 """Sharded checkpoints against plain DCP, paired, at several process counts (issue 40).
 
     python bench/bench_sharded_checkpoint.py [--processes 2 4 8 16] [--pairs 30] [--layers 16] [--width 1024]
+    python bench/bench_sharded_checkpoint.py --processes 4 --widths 512 1024 2048   # a model-size axis
 
 One ``hasten launch -n N`` per process count (``worker_launch.py``: under the multi-process tests' lock). In it an FSDP2 model
 (``layers`` x Linear(width, width)) with AdamW, after one step, is saved and loaded ``pairs`` times by each variant
@@ -17,7 +18,7 @@ previous folders are removed and the page cache's dirty pages written back (``os
 Reported per process count: the median of each variant and the median of the per-pair ratios hasten / dcp.
 Target: ratio <= 1.1 at every process count, and no worse at 16 than at 2. Files go to ``BENCH_CHECKPOINT_DIR``
 (default: a temporary folder). ``--json PATH`` writes the rows; ``--plot PATH`` draws the ratios against the
-number of processes (matplotlib).
+number of processes, or with ``--widths`` against the checkpoint's size (matplotlib).
 """
 from __future__ import annotations
 
@@ -119,12 +120,18 @@ def run(processes: int, pairs: int, layers: int, width: int) -> dict:
                          args=("--pairs", str(pairs), "--layers", str(layers), "--width", str(width)))
 
 
-def summarise(processes: int, times: dict) -> list:
+def state_megabytes(layers: int, width: int) -> float:
+    """The checkpoint's size: the Linear layers' float32 weights and biases, and AdamW's two moments of each."""
+    return 3 * layers * (width * width + width) * 4 / 1e6
+
+
+def summarise(processes: int, times: dict, layers: int, width: int) -> list:
     rows = []
     for operation in ("save", "load"):
         ours, plain = times[f"hasten_{operation}"], times[f"dcp_{operation}"]
         ratios = [a / b for a, b in zip(ours, plain)]
-        rows.append({"processes": processes, "operation": operation, "pairs": len(ratios),
+        rows.append({"processes": processes, "operation": operation, "pairs": len(ratios), "width": width,
+                     "state_mb": state_megabytes(layers, width),
                      "hasten_median_s": statistics.median(ours), "dcp_median_s": statistics.median(plain),
                      "median_pair_ratio": statistics.median(ratios)})
     return rows
@@ -136,14 +143,16 @@ def plot(rows: list, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    by_size = len({row["width"] for row in rows}) > 1  # a model-size axis, at one process count
     figure, axis = plt.subplots(figsize=(5, 3.2))
     for operation in ("save", "load"):
         mine = [row for row in rows if row["operation"] == operation]
-        axis.plot([row["processes"] for row in mine], [row["median_pair_ratio"] for row in mine], marker="o",
-                  label=operation)
+        axis.plot([row["state_mb"] if by_size else row["processes"] for row in mine],
+                  [row["median_pair_ratio"] for row in mine], marker="o", label=operation)
     axis.axhline(1.1, color="grey", linestyle="--", linewidth=1, label="target 1.1x")
     axis.set_xscale("log", base=2)
-    axis.set_xlabel("processes (2 CPU cores)")
+    axis.set_xlabel(f"checkpoint size, MB ({rows[0]['processes']} processes, 2 CPU cores)" if by_size
+                    else "processes (2 CPU cores)")
     axis.set_ylabel("hasten / plain DCP (median per pair)")
     axis.legend()
     figure.tight_layout()
@@ -156,6 +165,8 @@ def main(argv=None) -> list:
     parser.add_argument("--pairs", type=int, default=30)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--widths", type=int, nargs="+", default=None,
+                        help="a model-size axis instead: these widths, at the first of --processes")
     parser.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)  # WORKER OUT (worker_launch.py)
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None)
@@ -164,10 +175,13 @@ def main(argv=None) -> list:
         worker(Path(args.worker[1]), args.pairs, args.layers, args.width)
         return []
     rows = []
-    for processes in args.processes:
-        found = summarise(processes, run(processes, args.pairs, args.layers, args.width))
+    layouts = ([(args.processes[0], width) for width in args.widths] if args.widths
+               else [(processes, args.width) for processes in args.processes])
+    for processes, width in layouts:
+        found = summarise(processes, run(processes, args.pairs, args.layers, width), args.layers, width)
         for row in found:
-            print(f"{row['processes']:>3} processes  {row['operation']}  hasten {row['hasten_median_s']:.3f} s  "
+            print(f"{row['processes']:>3} processes  {row['state_mb']:7.0f} MB  {row['operation']}  "
+                  f"hasten {row['hasten_median_s']:.3f} s  "
                   f"dcp {row['dcp_median_s']:.3f} s  median pair ratio {row['median_pair_ratio']:.2f}x "
                   f"({row['pairs']} pairs)", flush=True)
         rows += found
@@ -176,7 +190,8 @@ def main(argv=None) -> list:
     if args.plot:
         plot(rows, args.plot)
     # bench/run_all.py's measure rows: a value and a ratio each
-    return [{"benchmark": f"{row['operation']} at {row['processes']} processes", "variant": "hasten vs plain DCP",
+    return [{"benchmark": f"{row['operation']} at {row['processes']} processes, {row['state_mb']:.0f} MB",
+             "variant": "hasten vs plain DCP",
              "value": f"{row['hasten_median_s']:.3f} s vs {row['dcp_median_s']:.3f} s",
              "ratio": row["median_pair_ratio"]} for row in rows]
 
