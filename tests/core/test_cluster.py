@@ -17,6 +17,7 @@ SRUN = {"SLURM_JOB_ID": "7123456", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "S
 
 
 def test_each_engine_is_read_from_its_own_variables():
+    assert place_process({**PYTORCHJOB, "PET_NPROC_PER_NODE": "2", "LOCAL_RANK": "1"}).local_rank == 1  # torchrun
     place = place_process(PYTORCHJOB)
     assert (place.rank, place.world_size, place.local_rank, place.main_address, place.main_port) == \
         (2, 4, 0, "job-master-0", 23456)
@@ -54,6 +55,7 @@ def test_torch_variables_win_and_a_batch_script_is_not_a_task():
     ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "not a port"),
     ({**SRUN, "SLURM_PROCID": "4"}, "SLURM_PROCID=4 is not below SLURM_STEP_NUM_TASKS=4"),
     ({**SRUN, "SLURM_STEP_TASKS_PER_NODE": "1(x4)"}, "SLURM_LOCALID=1 is not below"),
+    ({**PYTORCHJOB, "WORLD_SIZE": "8", "PET_NPROC_PER_NODE": "2"}, "not started by torchrun"),
 ])
 def test_a_wrong_variable_is_a_clear_error(variables, words):
     with pytest.raises(ValueError, match=words):

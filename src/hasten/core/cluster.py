@@ -171,6 +171,7 @@ def place_process(environ: Optional[Mapping[str, str]] = None) -> Optional[Place
             sources["main_address"] = address_from
         placement = Placement(engine.name, rank, world_size, local_rank, local_world_size, address, port, sources)
         _check(placement)
+        _check_pytorchjob_processes_per_pod(environ)
         return placement
     return None
 
@@ -190,6 +191,18 @@ def _check(place: Placement) -> None:
                          f"{said['world_size']}={place.world_size} in all (set by {place.engine}).")
     if place.main_port is not None and place.main_port > 65535:
         raise ValueError(f"{said.get('main_port', 'MASTER_PORT')}={place.main_port} is not a port (1-65535).")
+
+
+def _check_pytorchjob_processes_per_pod(environ: Mapping[str, str]) -> None:
+    """A PyTorchJob with ``nprocPerNode > 1`` counts every pod's processes in ``WORLD_SIZE`` and expects torchrun to
+    start them (``PET_NPROC_PER_NODE``); a pod's plain ``python train.py`` would wait for processes never started."""
+    per_pod = environ.get("PET_NPROC_PER_NODE", "")
+    started_by_torchrun = any(name in environ for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"))
+    if per_pod.isdigit() and int(per_pod) > 1 and not started_by_torchrun:
+        raise ValueError(f"PET_NPROC_PER_NODE={per_pod}: this PyTorchJob runs {per_pod} processes per pod and counts "
+                         f"them in WORLD_SIZE={environ.get('WORLD_SIZE')}, but this process was not started by "
+                         "torchrun. Make the pod's command `torchrun train.py` (or `hasten launch train.py`), which "
+                         "reads the PET_* variables.")
 
 
 def check_rendezvous(place: Placement) -> None:
