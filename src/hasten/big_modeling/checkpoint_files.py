@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import mmap
 import os
 import struct
@@ -175,10 +176,7 @@ class SafetensorsFile:
         if dtype is None or sys.byteorder != "little":
             return None
         shape = tuple(info["shape"])
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        count = 1
-        for size in shape:
-            count *= size
+        itemsize, count = dtype.itemsize, math.prod(shape)
         if count * itemsize != end - start:
             raise ValueError(f"{self.path}: tensor {name!r} has {end - start} bytes for shape {list(shape)} of "
                              f"{dtype}.")

@@ -46,7 +46,7 @@ from .errors import CheckpointError
 if TYPE_CHECKING:
     from .strategy_protocol import CheckpointingStrategy
 
-__all__ = ["Participation", "settle_participation", "Handshake"]
+__all__ = ["Participation", "saves_apart", "settle_participation", "Handshake"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,11 +132,17 @@ class Participation:
     own_folder: bool = False
 
 
+def saves_apart(strategy: CheckpointingStrategy) -> bool:
+    """Whether the main process writes the checkpoint without waiting for the others (several processes, a
+    strategy that holds the whole state on every process); else every process saves together."""
+    return PartialState().use_distributed and bool(getattr(strategy, "saves_from_one_process", False))
+
+
 def settle_participation(strategy: CheckpointingStrategy, folder: Path,
                          save_on_each_node: bool = False) -> Participation:
     """Decide how this process takes part in saving to ``folder`` (see the module docstring)."""
     state = PartialState()
-    if not state.use_distributed or not getattr(strategy, "saves_from_one_process", False):
+    if not saves_apart(strategy):
         return Participation()  # one process, or state in shards on every process: together, as always
     if save_on_each_node:
         return _join_or_alone(state)

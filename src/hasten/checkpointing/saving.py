@@ -22,7 +22,7 @@ from ..state import PartialState
 from .agreement import together
 from .errors import CheckpointWriteError
 from .contributions import add_process_files
-from .participation import settle_participation
+from .participation import saves_apart, settle_participation
 from .rotation import checkpoints_root, enforce_total_limit, next_automatic_folder, remove_stale_staging
 from .transaction import SaveTransaction
 
@@ -88,9 +88,8 @@ def save_state(strategy: CheckpointingStrategy, targets: CheckpointTargets, proj
         raise ValueError(f"save_state(async_save=True) is not available with {type(strategy).__name__}: its "
                          "engine writes its own files, collectively, while the save runs. Call save_state() without "
                          "async_save.")
-    state = PartialState()
-    folder, automatic = resolve_save_folder(project, output_dir, must_be_new=state.is_main_process or not (
-        state.use_distributed and getattr(strategy, "saves_from_one_process", False)))
+    folder, automatic = resolve_save_folder(project, output_dir,
+                                            must_be_new=PartialState().is_main_process or not saves_apart(strategy))
     participation = settle_participation(strategy, folder, project.save_on_each_node)
     if participation.skip:  # save_on_each_node: the main process saved this one alone, complete without this process
         project.iteration += 1

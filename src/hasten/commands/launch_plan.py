@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
+from ..config.accelerator_settings import BACKEND_SWITCH_OF
 from ..config.enums import DistributedType, DynamoBackend, PrecisionType
 from ..core.env_vars import env_name, str_to_bool
 from .errors import CommandError
@@ -193,8 +194,7 @@ SETTING_ENV = {setting.name: setting.env for setting in SETTINGS if setting.env 
 SCRIPT_DEFAULTS = {setting.name: setting.script_default for setting in SETTINGS if setting.script_default is not _NONE}
 
 # distributed_type in a config file -> the HASTEN_USE_* switch that tells the script which strategy to use
-STRATEGY_ENV = {DistributedType.FSDP.value: "use_fsdp", DistributedType.DEEPSPEED.value: "use_deepspeed",
-                DistributedType.MEGATRON_LM.value: "use_megatron_lm"}
+STRATEGY_ENV = BACKEND_SWITCH_OF
 # the config file's backend sections whose keys are the launch flags' names: (flag group, section key)
 SECTION_GROUPS = {DistributedType.FSDP.value: ("FSDP", "fsdp_config"),
                   DistributedType.MEGATRON_LM.value: ("Megatron-LM", "megatron_lm_config")}

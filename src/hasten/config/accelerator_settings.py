@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from .data import DataLoaderConfiguration
     from .enums import DynamoBackend
 
-__all__ = ["AcceleratorSettings", "BACKEND_SWITCHES", "launcher_switches", "resolve_accelerator_settings",
-           "resolve_mixed_precision", "SPLIT_BATCHES_UNSET"]
+__all__ = ["AcceleratorSettings", "BACKEND_SWITCHES", "BACKEND_SWITCH_OF", "launcher_switches",
+           "resolve_accelerator_settings", "resolve_mixed_precision", "SPLIT_BATCHES_UNSET"]
 
 SPLIT_BATCHES_UNSET = object()  # the deprecated ``split_batches`` argument was not passed
 
@@ -53,6 +53,9 @@ class AcceleratorSettings:
 
 #: the launcher's backend switches (HASTEN_USE_<NAME>, or Accelerate's ACCELERATE_USE_<NAME>)
 BACKEND_SWITCHES = ("use_fsdp", "use_deepspeed", "use_megatron_lm")
+#: a config file's ``distributed_type`` (as the file spells it) -> the switch that selects that backend (the launcher
+#: sets it for its workers)
+BACKEND_SWITCH_OF = {"FSDP": "use_fsdp", "DEEPSPEED": "use_deepspeed", "MEGATRON_LM": "use_megatron_lm"}
 
 
 def launcher_switches() -> frozenset:
@@ -89,15 +92,12 @@ def _launcher_config(backends_in_code: frozenset = frozenset()) -> tuple[dict, O
     return config, path
 
 
-_BACKEND_SWITCH = {"FSDP": "use_fsdp", "DEEPSPEED": "use_deepspeed", "MEGATRON_LM": "use_megatron_lm"}
-
-
 def _check_backend_applied(raw: dict, path: str, backends_in_code: frozenset) -> None:
     """Refuse a config file whose backend only ``hasten launch`` turns into the plugin's settings, when this process
     was not started by it (no backend switch in the environment) and the code gives no plugin for it: training
     would silently fall back to plain data parallelism."""
     kind = str(raw.get("distributed_type") or "").upper()
-    switch = _BACKEND_SWITCH.get(kind)
+    switch = BACKEND_SWITCH_OF.get(kind)
     if switch is not None and not setting_is_set(switch) and kind not in backends_in_code:
         raise ValueError(
             f"{path} (named by HASTEN_CONFIG_FILE) sets distributed_type: {kind}, which `hasten launch --config_file` "

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from . import imports
+from .cluster import place_process
 from .env_vars import get_int_from_env
 
 logger = logging.getLogger(__name__)
@@ -123,8 +124,6 @@ def get_cpu_distributed_information() -> CPUInformation:
     """This process's rank, world size, local rank and local world size, from the variables of the engine that
     started it (``core/cluster.py``: torchrun's ``RANK`` ..., the MPI families', SLURM's); a single process when none
     is set."""
-    from .cluster import place_process
-
     place = place_process()
     if place is None:
         return CPUInformation()
