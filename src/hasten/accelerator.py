@@ -148,9 +148,6 @@ class Accelerator:
             dynamo_plugin=dynamo_plugin, dataloader_config=dataloader_config, split_batches=split_batches,
             project_dir=project_dir, project_config=project_config, rng_types=rng_types,
             kwargs_handlers=kwargs_handlers,
-            backends_in_code=frozenset(name for name, plugin in (
-                ("FSDP", fsdp_plugin), ("DEEPSPEED", deepspeed_plugin or deepspeed_plugins),
-                ("MEGATRON_LM", megatron_lm_plugin)) if plugin),
         )
         self.handlers = settings.handlers
         init_kwargs = {}

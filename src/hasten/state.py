@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, U
 import torch
 import torch.distributed as dist
 
-from .config.accelerator_settings import resolve_mixed_precision
+from .config.accelerator_settings import launcher_switches, resolve_mixed_precision
 from .config.enums import DistributedType, PrecisionType
 from .core.cluster import Placement, adopt_placement, check_rendezvous
 from .core.env_aliases import get_flag_setting, get_setting
@@ -170,16 +170,16 @@ def _device_from_env() -> Optional[torch.device]:
 def launched_backend_type(launched: bool, process_kind: DistributedType,
                           deepspeed_chosen: bool = False) -> DistributedType:
     """The type a launched process's PartialState reports: ``DEEPSPEED`` when it was started for DeepSpeed
-    (``hasten launch --use_deepspeed``, a config file's ``distributed_type: DEEPSPEED``, or transformers'
-    ``TrainingArguments(deepspeed=...)``, which sets ``ACCELERATE_USE_DEEPSPEED=true`` before it makes its state) or
-    when it is made for an Accelerator given a DeepSpeed plugin (``deepspeed_chosen``), as the reference's
-    PartialState says; else ``process_kind`` (NO, MULTI_CPU, MULTI_GPU, ...). ``launched``: more
+    (``hasten launch --use_deepspeed``, a config file's ``distributed_type: DEEPSPEED`` given to the launcher or
+    without it, or transformers' ``TrainingArguments(deepspeed=...)``, which sets ``ACCELERATE_USE_DEEPSPEED=true``
+    before it makes its state) or when it is made for an Accelerator given a DeepSpeed plugin (``deepspeed_chosen``),
+    as the reference's PartialState says; else ``process_kind`` (NO, MULTI_CPU, MULTI_GPU, ...). ``launched``: more
     than one process, or ``LOCAL_RANK`` set. The other backends show only in the AcceleratorState, once the
     Accelerator builds them, as in the reference. For DeepSpeed, DeepSpeed's own communication layer is joined to
     the process group here, as the reference's state does: transformers builds ``deepspeed.zero.Init`` from the
     config before any Accelerator, and that config counts the processes through it (a world of one otherwise, so
     its batch sizes do not multiply out)."""
-    if launched and (deepspeed_chosen or get_flag_setting("use_deepspeed")):
+    if launched and (deepspeed_chosen or "use_deepspeed" in launcher_switches()):
         if dist.is_available() and dist.is_initialized():
             from .core.imports import require_deepspeed
 

@@ -168,25 +168,6 @@ def test_config_file_named_by_launcher(monkeypatch, tmp_path):
     assert accelerator.mixed_precision == "bf16" and accelerator.gradient_accumulation_steps == 2
 
 
-def test_a_config_file_backend_without_the_launcher_is_refused(monkeypatch, tmp_path):
-    """A pod's `python train.py` with HASTEN_CONFIG_FILE naming an FSDP config: only the launcher applies the
-    backend's section, so training would silently be plain DDP; with the launcher's switch set it is accepted."""
-    path = tmp_path / "cfg.yaml"
-    path.write_text("distributed_type: FSDP\nmixed_precision: 'no'\nnum_processes: 1\n"
-                    "fsdp_config:\n  fsdp_version: 2\n")
-    monkeypatch.setenv("HASTEN_CONFIG_FILE", str(path))
-    with pytest.raises(ValueError, match="hasten launch --config_file"):
-        Accelerator()
-    monkeypatch.setenv("HASTEN_USE_FSDP", "false")  # what a launch that chose another backend leaves
-    assert Accelerator().mixed_precision == "no"
-    from hasten import FullyShardedDataParallelPlugin
-    from hasten.state import AcceleratorState
-
-    monkeypatch.delenv("HASTEN_USE_FSDP")
-    AcceleratorState._reset_state(True)
-    assert Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin()).mixed_precision == "no"  # the plugin in code
-
-
 def test_backward_rejects_non_scalar_loss_and_accepts_gradient():
     accelerator = Accelerator()
     model = accelerator.prepare(make_model())

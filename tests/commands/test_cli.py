@@ -348,7 +348,7 @@ def test_config_file_drives_the_launch(script, tmp_path):
     assert plan.env == {
         "HASTEN_MIXED_PRECISION": "fp16", "HASTEN_USE_CPU": "true", "HASTEN_GRADIENT_ACCUMULATION_STEPS": "3",
         "HASTEN_DEBUG_MODE": "true", "HASTEN_DYNAMO_BACKEND": "EAGER",
-        "HASTEN_CONFIG_FILE": path, "OMP_NUM_THREADS": "4",
+        "HASTEN_CONFIG_FILE": path, "HASTEN_CONFIG_FILE_APPLIED": "true", "OMP_NUM_THREADS": "4",
     }
 
 

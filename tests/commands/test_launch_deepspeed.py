@@ -115,7 +115,8 @@ def test_a_deepspeed_config_section_exports_the_same_variables(script, tmp_path)
     env = hasten_env(plan)
     assert ds_fields(env) == set(config["deepspeed_config"])
     assert env == {
-        "HASTEN_CONFIG_FILE": path, "HASTEN_USE_DEEPSPEED": "true", "HASTEN_DEEPSPEED_ZERO_STAGE": "3",
+        "HASTEN_CONFIG_FILE": path, "HASTEN_CONFIG_FILE_APPLIED": "true", "HASTEN_USE_DEEPSPEED": "true",
+        "HASTEN_DEEPSPEED_ZERO_STAGE": "3",
         "HASTEN_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu", "HASTEN_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none",
         "HASTEN_GRADIENT_ACCUMULATION_STEPS": "2", "HASTEN_GRADIENT_CLIPPING": "1.0",
         "HASTEN_DEEPSPEED_ZERO3_INIT": "true", "HASTEN_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "false",

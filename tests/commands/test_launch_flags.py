@@ -8,7 +8,7 @@ import pytest
 
 from hasten.commands import cli
 from hasten.commands import launch as launch_command
-from hasten.commands.launch_options import BACKEND_GROUPS
+from hasten.config.launch_groups import BACKEND_GROUPS
 from hasten.commands.launch_plan import build_plan
 from hasten.commands.launch import launch_command_parser
 from hasten.core.planned import NotYetSupportedError

@@ -33,6 +33,23 @@ def test_each_engine_is_read_from_its_own_variables():
     assert place_process({}) is None
 
 
+def test_lsf_jsrun_is_read_before_the_mpi_variables_beside_it(tmp_path):
+    """jsrun's task 5 of 8 in LSF job 4417 on two nodes, with the Spectrum MPI variables jsrun also sets; the rank
+    file lists the launch node first, then one line per slot of each compute node."""
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text("batch1\n" + "c01\n" * 4 + "c02\n" * 4)
+    jsrun = {"LSB_JOBID": "4417", "LSB_DJOB_RANKFILE": str(rankfile), "JSM_NAMESPACE_RANK": "5",
+             "JSM_NAMESPACE_SIZE": "8", "JSM_NAMESPACE_LOCAL_RANK": "1", "OMPI_COMM_WORLD_RANK": "5",
+             "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    place = place_process(jsrun)
+    assert (place.engine, place.rank, place.world_size, place.local_rank) == ("IBM LSF (jsrun)", 5, 8, 1)
+    assert (place.main_address, place.main_port) == ("c01", 10000 + 4417)
+    assert place.sources["main_address"] == "LSB_DJOB_RANKFILE" and place.sources["main_port"] == "LSB_JOBID"
+    assert place_process({**jsrun, "MASTER_ADDR": "given"}).main_address == "given"
+    with pytest.raises(ValueError, match="LSB_DJOB_RANKFILE"):
+        place_process({**jsrun, "LSB_DJOB_RANKFILE": str(tmp_path / "missing")})
+
+
 def test_torch_variables_win_and_a_batch_script_is_not_a_task():
     # torchrun (hasten launch) inside an srun step: its own variables name the worker
     torchrun = {**SRUN, "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu07", "MASTER_PORT": "1"}

@@ -1,6 +1,7 @@
 """`python train.py` on each worker, with exactly the variables an engine sets and no launcher: a Kubeflow
-PyTorchJob (one process per pod) and SLURM's `srun` (ranks from SLURM_PROCID ..., the main address from the node
-list, the port from the job id) form one job of two processes. Where each variable comes from: docs/engines.md."""
+PyTorchJob (one process per pod, its config file named by HASTEN_CONFIG_FILE: FSDP2 from the file's backend section)
+and SLURM's `srun` (ranks from SLURM_PROCID ..., the main address from the node list, the port from the job id) form
+one job of two processes. Where each variable comes from: docs/engines.md."""
 from __future__ import annotations
 
 import socket
@@ -40,11 +41,16 @@ def _run_pair(variables_of, folder) -> list[str]:
 
 def test_pytorchjob_and_srun_variables_form_one_job_without_a_launcher(tmp_path):
     port = _free_port_from(29600, 29700)
-    pytorchjob = lambda rank: {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": 2, "RANK": rank}
+    config = tmp_path / "fsdp.yaml"  # what `hasten config` / `accelerate config` writes for FSDP
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nmixed_precision: 'no'\n"
+                      "gradient_accumulation_steps: 2\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
+                      "  fsdp_state_dict_type: SHARDED_STATE_DICT\n  fsdp_reshard_after_forward: true\n")
+    pytorchjob = lambda rank: {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": 2, "RANK": rank,
+                               "HASTEN_CONFIG_FILE": config}
     outputs = _run_pair(pytorchjob, tmp_path / "pytorchjob")
     assert [line.split()[-1] for out in outputs for line in out.splitlines() if "ENGINE OK" in line] == \
         ["0/2", "1/2"], outputs
-    assert all("PyTorchJob" in out for out in outputs)
+    assert all("PyTorchJob" in out and " FSDP " in out for out in outputs), outputs
 
     job_id = _free_port_from(15000 + 4100, 15000 + 4200) - 15000  # SLURM's port: 15000 + the job id's last 4 digits
     srun = lambda rank: {"SLURM_JOB_ID": f"88{job_id:04d}", "SLURM_STEP_ID": 0, "SLURM_PROCID": rank,
@@ -52,4 +58,4 @@ def test_pytorchjob_and_srun_variables_form_one_job_without_a_launcher(tmp_path)
                          "SLURM_STEP_NUM_NODES": 1, "SLURM_STEP_NODELIST": "localhost",
                          "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": 2, "SLURM_TASKS_PER_NODE": 2}
     outputs = _run_pair(srun, tmp_path / "srun")
-    assert all("ENGINE OK SLURM (srun)" in out for out in outputs), outputs
+    assert all("ENGINE OK SLURM (srun) MULTI_CPU" in out for out in outputs), outputs

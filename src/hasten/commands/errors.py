@@ -1,13 +1,6 @@
-"""The error a subcommand raises for bad input: ``hasten`` prints its message and exits with status 2."""
+"""The error a subcommand raises for bad input: ``hasten`` prints its message and exits with status 2. The classes
+live in ``core/input_errors.py``, where the config rooms that check a config file for the launcher raise them too."""
 
+from ..core.input_errors import CommandError, ExistingFileError, MissingFileError
 
-class CommandError(ValueError):
-    """Bad command-line input, found before anything was started; the message says how to fix it."""
-
-
-class MissingFileError(CommandError, FileNotFoundError):
-    """A file the command reads does not exist (also a ``FileNotFoundError``, which Accelerate's commands raise)."""
-
-
-class ExistingFileError(CommandError, FileExistsError):
-    """A file the command would write exists already (also a ``FileExistsError``, as in Accelerate)."""
+__all__ = ["CommandError", "MissingFileError", "ExistingFileError"]

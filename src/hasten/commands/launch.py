@@ -21,7 +21,8 @@ from .failure_summary import root_cause, signal_hint
 from .flags import OneSpellingHelpFormatter, add_flag, recording
 from .launch_defaults import SHOWN_DEFAULTS, given_flags
 from .launch_deepspeed import DeepSpeedRunner, env_file_text
-from .launch_options import BACKEND_GROUPS, add_backend_options, backend_not_yet_supported
+from ..config.launch_groups import BACKEND_GROUPS, backend_not_yet_supported
+from .launch_options import add_backend_options
 from .launch_parallelism import add_parallelism_options
 from .launch_plan import LaunchPlan, build_plan
 from .loopback_store import launch_with_loopback_store

@@ -13,7 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Union
 
 from .flags import GIVEN
-from .launch_options import backend_not_yet_supported
+from ..config.launch_groups import backend_not_yet_supported
 
 if TYPE_CHECKING:
     from ..config.enums import DistributedType
@@ -142,10 +142,11 @@ def prepare_extend_env_parallelism_config(args: argparse.Namespace, current_env:
 
 def setup_fp8_env(args: argparse.Namespace, current_env: dict) -> dict:
     """``current_env`` with the ``HASTEN_FP8_*`` variables of the torchao fp8 options ``args`` gives
-    (``launch_fp8.fp8_env``); the recipe options of TransformerEngine / MS-AMP raise ``NotYetSupportedError``."""
-    from .launch_fp8 import fp8_env
+    (``config/fp8_launch.py``); the recipe options of TransformerEngine / MS-AMP raise ``NotYetSupportedError``."""
+    from ..config.fp8_launch import fp8_env
+    from .launch_defaults import given_flags
 
-    current_env.update(fp8_env(args))
+    current_env.update(fp8_env(given_flags(args)))
     return current_env
 
 

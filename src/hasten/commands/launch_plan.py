@@ -20,15 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
-from ..config.accelerator_settings import BACKEND_SWITCH_OF
+from ..config.deepspeed_launch import resolve_deepspeed
+from ..config.fp8_launch import fp8_env
 from ..config.enums import DistributedType, DynamoBackend, PrecisionType
+from ..config.launch_file import APPLIED_SETTING
+from ..config.launch_groups import BACKEND_SWITCH_OF, backend_not_yet_supported, backend_section_env
 from ..core.env_vars import env_name, str_to_bool
 from .errors import CommandError
 from .launch_defaults import given_flags
-from .launch_deepspeed import DeepSpeedRunner, resolve_deepspeed, runner_command, uses_runner
+from .launch_deepspeed import DeepSpeedRunner, runner_command, uses_runner
 from .launch_mpi import MpiRunner, mpirun_command, mpirun_hostfile
-from .launch_fp8 import fp8_env
-from .launch_options import backend_env, backend_not_yet_supported, given_backend_options, section_env
+from .launch_options import backend_env, given_backend_options
 from .launch_parallelism import parallelism_env
 from .loopback_store import is_loopback
 from ..core.slurm import SlurmLayout, first_host, slurm_layout
@@ -195,9 +197,6 @@ SCRIPT_DEFAULTS = {setting.name: setting.script_default for setting in SETTINGS 
 
 # distributed_type in a config file -> the HASTEN_USE_* switch that tells the script which strategy to use
 STRATEGY_ENV = BACKEND_SWITCH_OF
-# the config file's backend sections whose keys are the launch flags' names: (flag group, section key)
-SECTION_GROUPS = {DistributedType.FSDP.value: ("FSDP", "fsdp_config"),
-                  DistributedType.MEGATRON_LM.value: ("Megatron-LM", "megatron_lm_config")}
 
 
 def chosen_strategy(args: argparse.Namespace, config: Optional[Mapping], config_path: Optional[str],
@@ -463,7 +462,8 @@ def store_on_loopback(values: dict, restartable: Optional[str]) -> bool:
 def worker_env(values: dict, sources: dict, config: Optional[Mapping], config_path: Optional[str],
                environ: Mapping, cpu_count: int, per_machine: int, strategy: Optional[str] = None) -> dict:
     """The variables ``hasten launch`` adds to the workers' environment (``strategy``: the job's backend, see
-    ``chosen_strategy``; by default the config file's). The DeepSpeed group's come from ``launch_deepspeed``."""
+    ``chosen_strategy``; by default the config file's). The DeepSpeed group's come from
+    ``config/deepspeed_launch.py``."""
     env = {}
     for name, setting in SETTING_ENV.items():
         if sources[name] == "default":  # only what was given: a default must not contradict the script
@@ -473,13 +473,10 @@ def worker_env(values: dict, sources: dict, config: Optional[Mapping], config_pa
         env[env_name(setting)] = _show(values[name])
     if config_path:
         env[env_name("config_file")] = str(config_path)
+        env[env_name(APPLIED_SETTING)] = "true"  # its settings are in these variables: the workers do not reread it
         kind = str(config.get("distributed_type") or "").upper() if config else ""
         kind = kind if strategy is None else strategy
-        if kind in STRATEGY_ENV and kind != DistributedType.DEEPSPEED.value:
-            env[env_name(STRATEGY_ENV[kind])] = "true"
-        if kind in SECTION_GROUPS:  # the backend's section reaches its plugin (flags win later)
-            group, section = SECTION_GROUPS[kind]
-            env.update(section_env(group, config.get(section)))
+        env.update(backend_section_env(kind, config))  # FSDP / Megatron-LM's switch and section (flags win later)
     gpu_ids = values.get("gpu_ids")
     if gpu_ids and gpu_ids.strip().lower() != "all":
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids.strip()

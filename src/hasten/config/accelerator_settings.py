@@ -3,8 +3,8 @@
 argument in code > launcher environment (``HASTEN_*``, or Accelerate's ``ACCELERATE_*`` aliases) > config file
 (the one ``hasten launch`` used, named in ``HASTEN_CONFIG_FILE``) > default. Two explicit sources that disagree
 raise ``ConfigConflictError``. A file named there without the launcher (a pod's ``python train.py``) gives its
-precision, CPU choice, accumulation steps and dynamo backend; a backend (FSDP, DeepSpeed, Megatron-LM) in it is
-refused, since only the launcher applies a backend's section.
+precision, CPU choice, accumulation steps and dynamo backend (read here) and its backend, parallelism and fp8
+sections (read by the plugins through ``config/launch_file.py``), as ``hasten launch --config_file`` would.
 """
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
-from ..core.env_aliases import get_flag_setting, get_setting, setting_is_set
+from ..core.env_aliases import get_setting, setting_is_set
 from .accumulation import GradientAccumulationPlugin
 from .booleans import parse_bool
 from .dynamo import TorchDynamoPlugin
 from .enums import PrecisionType, RNGType
 from .fp8 import check_fp8_recipe
 from .kwargs import KwargsHandler
+from .launch_groups import BACKEND_SWITCH_OF
 from .project import ProjectConfiguration
 from .resolution import resolve
 
@@ -53,14 +54,15 @@ class AcceleratorSettings:
 
 #: the launcher's backend switches (HASTEN_USE_<NAME>, or Accelerate's ACCELERATE_USE_<NAME>)
 BACKEND_SWITCHES = ("use_fsdp", "use_deepspeed", "use_megatron_lm")
-#: a config file's ``distributed_type`` (as the file spells it) -> the switch that selects that backend (the launcher
-#: sets it for its workers)
-BACKEND_SWITCH_OF = {"FSDP": "use_fsdp", "DEEPSPEED": "use_deepspeed", "MEGATRON_LM": "use_megatron_lm"}
 
 
 def launcher_switches() -> frozenset:
-    """The backend switches the launcher's environment sets (``BACKEND_SWITCHES``)."""
-    return frozenset(switch for switch in BACKEND_SWITCHES if get_flag_setting(switch))
+    """The backend switches (``BACKEND_SWITCHES``) the launcher's environment turns on, or a config file given without
+    the launcher (``config/launch_file.py``)."""
+    from .env_fields import as_bool
+    from .launch_file import read_launch_setting
+
+    return frozenset(switch for switch in BACKEND_SWITCHES if read_launch_setting(switch, as_bool(switch))[0])
 
 
 # config-file key -> (HASTEN_ setting the launcher exports it as, the value that means "not given")
@@ -68,7 +70,7 @@ _CONFIG_SETTINGS = {"mixed_precision": ("mixed_precision", "no"), "use_cpu": ("u
                     "gradient_accumulation_steps": ("gradient_accumulation_steps", 1)}
 
 
-def _launcher_config(backends_in_code: frozenset = frozenset()) -> tuple[dict, Optional[str]]:
+def _launcher_config() -> tuple[dict, Optional[str]]:
     """The settings of the config file named by ``HASTEN_CONFIG_FILE`` that still count.
 
     ``hasten launch`` already merged the file with its flags into ``HASTEN_*`` variables: where such a variable
@@ -81,29 +83,20 @@ def _launcher_config(backends_in_code: frozenset = frozenset()) -> tuple[dict, O
     from .config_file import load_config_file
 
     raw = load_config_file(path)
-    _check_backend_applied(raw, path, backends_in_code)
     config = {}
     for key, (setting, neutral) in _CONFIG_SETTINGS.items():
         if key in raw and not setting_is_set(setting) and raw[key] != neutral:
             config[key] = raw[key]
+    from .launch_file import unlaunched_file_variables
+
+    sections = unlaunched_file_variables()  # deepspeed_config's gradient_accumulation_steps, as the launcher exports it
+    for key, (setting, _) in _CONFIG_SETTINGS.items():
+        if key not in config and sections is not None and sections.get(setting) is not None:
+            config[key] = sections.get(setting)
     backend = (raw.get("dynamo_config") or {}).get("dynamo_backend")
     if backend is not None and not setting_is_set("dynamo_backend") and str(backend).upper() != "NO":
         config["dynamo_backend"] = backend
     return config, path
-
-
-def _check_backend_applied(raw: dict, path: str, backends_in_code: frozenset) -> None:
-    """Refuse a config file whose backend only ``hasten launch`` turns into the plugin's settings, when this process
-    was not started by it (no backend switch in the environment) and the code gives no plugin for it: training
-    would silently fall back to plain data parallelism."""
-    kind = str(raw.get("distributed_type") or "").upper()
-    switch = BACKEND_SWITCH_OF.get(kind)
-    if switch is not None and not setting_is_set(switch) and kind not in backends_in_code:
-        raise ValueError(
-            f"{path} (named by HASTEN_CONFIG_FILE) sets distributed_type: {kind}, which `hasten launch --config_file` "
-            f"turns into the backend's settings; this process was not started by it, so it would train without "
-            f"{kind}. Start it with `hasten launch --config_file {path} train.py` (in a pod or an srun step too: "
-            "docs/engines.md), or give the Accelerator the backend's plugin in code.")
 
 
 def resolve_mixed_precision(value: Optional[str] = None, argument_name: str = "mixed_precision=",
@@ -175,15 +168,14 @@ def resolve_accelerator_settings(*, mixed_precision: Optional[str] = None, cpu: 
                                  project_dir: Optional[Union[str, os.PathLike]] = None,
                                  project_config: Optional[ProjectConfiguration] = None,
                                  rng_types: Optional[list[Union[str, RNGType]]] = None,
-                                 kwargs_handlers: Optional[list[KwargsHandler]] = None,
-                                 backends_in_code: frozenset = frozenset()) -> AcceleratorSettings:
+                                 kwargs_handlers: Optional[list[KwargsHandler]] = None) -> AcceleratorSettings:
     """Validate the Accelerator's arguments and merge them with the launcher's environment and config file.
     ``backends_in_code``: the backends whose plugin the Accelerator was given (``"FSDP"``, ``"DEEPSPEED"``,
     ``"MEGATRON_LM"``); a config file naming one of them needs no launcher."""
     cpu = parse_bool(cpu, "Accelerator(cpu=...)")
     if split_batches is not SPLIT_BATCHES_UNSET:
         parse_bool(split_batches, "Accelerator(split_batches=...)")  # checked before anything else is read
-    config, config_path = _launcher_config(backends_in_code)
+    config, config_path = _launcher_config()
     handlers = _handlers_by_type(kwargs_handlers)
 
     precision = resolve_mixed_precision(mixed_precision, "Accelerator(mixed_precision=...)", config, config_path)

@@ -5,9 +5,9 @@ import copy
 from dataclasses import dataclass
 from typing import Optional
 
-from ..core.env_aliases import get_flag_setting
 from .booleans import parse_bool
 from .enums import DynamoBackend
+from .launch_file import config_tier, read_launch_setting
 from .resolution import resolve
 
 __all__ = ["TorchDynamoPlugin"]
@@ -49,18 +49,20 @@ class TorchDynamoPlugin:
             return value
 
         self.mode, _ = resolve("dynamo_mode", self.mode, argument_name="TorchDynamoPlugin(mode=...)",
-                               default="default", parse=check_mode)
+                               default="default", parse=check_mode, **config_tier("dynamo_mode"))
         self.fullgraph, _ = resolve("dynamo_use_fullgraph", self.fullgraph, default=False,
                                     parse=_flag("TorchDynamoPlugin(fullgraph=...)"),
-                                    argument_name="TorchDynamoPlugin(fullgraph=...)")
+                                    argument_name="TorchDynamoPlugin(fullgraph=...)",
+                                    **config_tier("dynamo_use_fullgraph"))
         self.dynamic = parse_bool(self.dynamic, "TorchDynamoPlugin(dynamic=...)", optional=True)
         self.disable = parse_bool(self.disable, "TorchDynamoPlugin(disable=...)")
-        if self.dynamic is None and get_flag_setting("dynamo_use_dynamic"):
+        if self.dynamic is None and read_launch_setting("dynamo_use_dynamic", _flag("dynamo_use_dynamic"))[0]:
             self.dynamic = True
         self.use_regional_compilation, _ = resolve(
             "dynamo_use_regional_compilation", self.use_regional_compilation, default=False,
             parse=_flag("TorchDynamoPlugin(use_regional_compilation=...)"),
-            argument_name="TorchDynamoPlugin(use_regional_compilation=...)")
+            argument_name="TorchDynamoPlugin(use_regional_compilation=...)",
+            **config_tier("dynamo_use_regional_compilation"))
         if self.options is not None and not isinstance(self.options, dict):
             raise ValueError(f"options must be a dict of backend options, got {type(self.options).__name__}.")
 

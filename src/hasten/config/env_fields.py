@@ -1,14 +1,15 @@
 """Parsers and the environment fallback shared by the planned-backend plugins (DeepSpeed, FSDP, Megatron-LM ...).
 
 A plugin field left at ``None`` takes the launcher's value (``HASTEN_<SETTING>``, or Accelerate's
-``ACCELERATE_<SETTING>``), then its default, through the one precedence rule in ``resolution.resolve``. Each parser
-accepts what a user or a config file would write (``"true"``, ``"2"``, ``"FULL_SHARD"``) and raises a
+``ACCELERATE_<SETTING>``), then a config file's given without the launcher, then its default, through the one
+precedence rule in ``resolution.resolve``. Each parser accepts what a user or a config file would write (``"true"``, ``"2"``, ``"FULL_SHARD"``) and raises a
 ``ValueError`` that names the field and the accepted values.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional
 
+from .launch_file import config_tier
 from .resolution import resolve
 
 __all__ = ["from_env", "as_bool", "as_int", "as_float", "as_choice"]
@@ -16,8 +17,10 @@ __all__ = ["from_env", "as_bool", "as_int", "as_float", "as_choice"]
 
 def from_env(owner: str, field: str, value: Any, default: Any, parse: Callable[[Any], Any],
              setting: Optional[str] = None) -> Any:
-    """``value`` if given, else the environment's ``setting`` (default: ``field``), else ``default``; parsed."""
-    chosen, _ = resolve(setting or field, value, argument_name=f"{owner}({field}=...)", default=default, parse=parse)
+    """``value`` if given, else the environment's ``setting`` (default: ``field``), else a config file's given
+    without the launcher (``config/launch_file.py``), else ``default``; parsed."""
+    chosen, _ = resolve(setting or field, value, argument_name=f"{owner}({field}=...)", default=default, parse=parse,
+                        **config_tier(setting or field))
     return chosen
 
 

@@ -13,18 +13,15 @@ import enum
 import importlib.util
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, get_args
+from typing import Any, Callable, Literal, Optional, get_args
 
 from .env_fields import as_bool, as_choice, as_int, from_env
+from .fp8_launch import PLANNED_FP8_LIBRARIES, fp8_library_not_yet_supported
 from .kwargs import KwargsHandler
-
-if TYPE_CHECKING:
-    from ..core.planned import NotYetSupportedError
 
 __all__ = [
     "Backend", "OptLevel", "FP8Format", "AmaxComputeAlgorithm", "FP8BackendType", "AORecipeKwargs",
-    "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs", "check_fp8_recipe", "PLANNED_FP8_LIBRARIES",
-    "fp8_library_not_yet_supported",
+    "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs", "check_fp8_recipe",
 ]
 
 Backend = Literal["MSAMP", "TE"]
@@ -158,16 +155,6 @@ class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
 
 _RECIPES = {AORecipeKwargs: "AO", TERecipeKwargs: "TE", MSAMPRecipeKwargs: "MSAMP"}
 #: the fp8 backends hasten does not train with yet, and their libraries' names
-PLANNED_FP8_LIBRARIES = {"TE": "TransformerEngine", "MSAMP": "MS-AMP"}
-
-
-def fp8_library_not_yet_supported(backend: str, meanwhile: str, detail: str = "") -> NotYetSupportedError:
-    """The ``NotYetSupportedError`` for fp8 ``backend`` ("TE" / "MSAMP"), ``detail`` after the library's name."""
-    from ..core.planned import not_yet_supported
-
-    return not_yet_supported(f"fp8 training with {PLANNED_FP8_LIBRARIES[backend]}{detail}", meanwhile)
-
-
 def check_fp8_recipe(mixed_precision: str, handlers: dict) -> None:
     """Refuse, before anything is built, an fp8 recipe the run cannot train with.
 
@@ -176,7 +163,7 @@ def check_fp8_recipe(mixed_precision: str, handlers: dict) -> None:
     ``HASTEN_FP8_BACKEND`` / ``ACCELERATE_FP8_BACKEND`` naming them) raises ``NotYetSupportedError``: hasten does not
     train fp8 another way than the one asked for.
     """
-    from ..core.env_aliases import get_setting
+    from .launch_file import read_launch_setting
 
     recipes = [handler for kind, handler in handlers.items() if issubclass(kind, tuple(_RECIPES))]
     if recipes and mixed_precision != "fp8":
@@ -192,7 +179,7 @@ def check_fp8_recipe(mixed_precision: str, handlers: dict) -> None:
         backend = recipe.backend if isinstance(recipe, FP8RecipeKwargs) else next(
             name for kind, name in _RECIPES.items() if isinstance(recipe, kind))
     else:
-        backend = str(get_setting("fp8_backend", "AO") or "AO").upper()
+        backend = str(read_launch_setting("fp8_backend")[0] or "AO").strip().upper()
         backend = "AO" if backend == "NO" else backend  # NO: not chosen, the default library
         if backend not in ("AO", "TE", "MSAMP"):
             raise ValueError(f"HASTEN_FP8_BACKEND / ACCELERATE_FP8_BACKEND={backend!r}: choose one of 'AO', "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Optional, Pr
 
 from ..core.planned import not_yet_supported
 from .env_fields import as_bool, as_choice, as_float, as_int
+from .launch_file import config_tier
 from .resolution import resolve
 
 if TYPE_CHECKING:
@@ -187,8 +188,9 @@ class MegatronLMPlugin:
     def __post_init__(self):
         chosen = set()  # fields given as arguments or by the launcher's environment, not defaulted
         for field, (default, parse) in _FROM_ENV.items():
-            value, source = resolve(f"megatron_lm_{field}", getattr(self, field),
-                                    argument_name=f"MegatronLMPlugin({field}=...)", default=default, parse=parse)
+            setting = f"megatron_lm_{field}"
+            value, source = resolve(setting, getattr(self, field), argument_name=f"MegatronLMPlugin({field}=...)",
+                                    default=default, parse=parse, **config_tier(setting))
             setattr(self, field, value)
             if source.kind != "default":
                 chosen.add(field)

@@ -45,7 +45,8 @@ def resolve(
     ``argument`` is ``None`` when the user did not pass it. The launcher environment is
     ``HASTEN_<SETTING>`` or its Accelerate alias ``ACCELERATE_<SETTING>`` (see ``env_aliases``) unless
     ``env_var`` names another variable. ``parse`` normalises each explicit value (so ``"BF16"`` and ``"bf16"``
-    agree) and raises ``ValueError`` for bad input.
+    agree) and raises ``ValueError`` for bad input. The plugins give a config file's backend sections as ``config``
+    through ``config/launch_file.py``'s ``config_tier``.
     """
     config_key = config_key or setting
     candidates = []

@@ -4,8 +4,9 @@ A training script runs unchanged under ``hasten launch`` / ``torchrun``, a Kubef
 plain ``python train.py`` per machine with the rank variables set, ``mpirun``, and ``srun`` under SLURM. Each of
 them says the same five facts in its own words; ``ENGINES`` lists, in the order they are tried, which variables
 announce an engine and which carry each fact. The first engine whose announcing variables are all set wins:
-torch's own names first (torchrun and every engine that sets them: PyTorchJob, Ray Train, a user's own), then the
-MPI families, then SLURM's task variables (an ``srun`` job step started without a launcher).
+torch's own names first (torchrun and every engine that sets them: PyTorchJob, Ray Train, a user's own), then IBM
+LSF's ``jsrun`` (before the MPI families, whose variables Spectrum MPI sets beside it), then the MPI families, then
+SLURM's task variables (an ``srun`` job step started without a launcher).
 
 ``place_process`` reads them and checks them before any process group is touched: a rank that is not a whole
 number or is missing, a rank not below the world size, a local rank not below the processes per machine, a port
@@ -20,6 +21,10 @@ agrees without talking and two jobs on one node rarely collide (Lightning's rule
 the job step's (``SLURM_STEP_NUM_TASKS``, which ``srun`` sets for each task it starts), not the job's
 (``SLURM_NTASKS``): the batch script around the steps is a step of one task, so ``python train.py`` run there
 directly trains alone instead of waiting for tasks that never come.
+
+LSF's main address is the first compute host of the job's rank file (``LSB_DJOB_RANKFILE``: one host per line, the
+first line the launch node, which runs no task), its port ``MASTER_PORT`` or 10000 plus the job id's last four
+digits (Lightning's rule).
 """
 from __future__ import annotations
 
@@ -45,22 +50,42 @@ class Engine:
     local_world_size: tuple[str, ...] = ()
     main_address: tuple[str, ...] = ("MASTER_ADDR",)
     main_port: tuple[str, ...] = ("MASTER_PORT",)
-    derive_address: Optional[Callable[[Mapping[str, str]], Optional[str]]] = None
-    derive_port: Optional[Callable[[Mapping[str, str]], Optional[int]]] = None
-    derive_local_world_size: Optional[Callable[[Mapping[str, str]], Optional[int]]] = None
+    #: functions of the environment for the facts an engine does not name: ``(value, where it came from)``, or None
+    derive_address: Optional[Callable[[Mapping[str, str]], Optional[tuple[str, str]]]] = None
+    derive_port: Optional[Callable[[Mapping[str, str]], Optional[tuple[int, str]]]] = None
+    derive_local_world_size: Optional[Callable[[Mapping[str, str]], Optional[tuple[int, str]]]] = None
 
 
-def _slurm_address(environ: Mapping[str, str]) -> Optional[str]:
+def _slurm_address(environ: Mapping[str, str]) -> Optional[tuple[str, str]]:
     from .slurm import first_host
 
-    nodelist = next((environ[name] for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-                     if environ.get(name)), None)
-    return first_host(nodelist) if nodelist else None
+    name = next((name for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                 if environ.get(name)), None)
+    return (first_host(environ[name]), name) if name else None
 
 
-def _slurm_port(environ: Mapping[str, str]) -> Optional[int]:
-    digits = re.sub(r"\D", "", environ.get("SLURM_JOB_ID", ""))
-    return 15000 + int(digits[-4:]) if digits else None
+def _port_from_job_id(variable: str, base: int) -> Callable[[Mapping[str, str]], Optional[tuple[int, str]]]:
+    """``base`` plus the last four digits of the job id in ``variable``: the same port on every task of a job."""
+    def derive(environ: Mapping[str, str]) -> Optional[tuple[int, str]]:
+        digits = re.sub(r"\D", "", environ.get(variable, ""))
+        return (base + int(digits[-4:]), variable) if digits else None
+
+    return derive
+
+
+def _lsf_address(environ: Mapping[str, str]) -> Optional[tuple[str, str]]:
+    """The first compute host of LSF's rank file (its first line is the launch node, which runs no task)."""
+    path = environ.get("LSB_DJOB_RANKFILE")
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            hosts = list(dict.fromkeys(line.strip() for line in handle if line.strip()))
+    except OSError as error:
+        raise ValueError(f"LSB_DJOB_RANKFILE={path!r} (set by LSF) cannot be read ({error}): the main process's host "
+                         "is unknown. Set MASTER_ADDR, or fix the variable.") from None
+    compute = hosts[1:] or hosts
+    return (compute[0], "LSB_DJOB_RANKFILE") if compute else None
 
 
 def slurm_tasks_on_node(tasks_per_node: str, node: int) -> Optional[int]:
@@ -75,16 +100,20 @@ def slurm_tasks_on_node(tasks_per_node: str, node: int) -> Optional[int]:
     return counts[node] if 0 <= node < len(counts) else None
 
 
-def _slurm_local_world_size(environ: Mapping[str, str]) -> Optional[int]:
+def _slurm_local_world_size(environ: Mapping[str, str]) -> Optional[tuple[int, str]]:
     listing = environ.get("SLURM_STEP_TASKS_PER_NODE")  # the step's, as the number of processes
     node = environ.get("SLURM_NODEID", "0")
-    return slurm_tasks_on_node(listing, int(node)) if listing and node.isdigit() else None
+    count = slurm_tasks_on_node(listing, int(node)) if listing and node.isdigit() else None
+    return (count, "SLURM_STEP_TASKS_PER_NODE") if count is not None else None
 
 
 #: the engines, in the order they are tried (see the module docstring)
 ENGINES: tuple[Engine, ...] = (
     Engine("torchrun / PyTorchJob / Ray Train / plain variables", ("WORLD_SIZE",), ("RANK",), ("WORLD_SIZE",),
            ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",)),
+    Engine("IBM LSF (jsrun)", ("JSM_NAMESPACE_RANK", "LSB_JOBID"), ("JSM_NAMESPACE_RANK",), ("JSM_NAMESPACE_SIZE",),
+           ("JSM_NAMESPACE_LOCAL_RANK",), derive_address=_lsf_address,
+           derive_port=_port_from_job_id("LSB_JOBID", 10000)),
     Engine("Open MPI", ("OMPI_COMM_WORLD_RANK",), ("OMPI_COMM_WORLD_RANK",), ("OMPI_COMM_WORLD_SIZE",),
            ("OMPI_COMM_WORLD_LOCAL_RANK",), ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
     Engine("Intel MPI / MPICH", ("PMI_RANK",), ("PMI_RANK",), ("PMI_SIZE",), ("MPI_LOCALRANKID",),
@@ -93,7 +122,8 @@ ENGINES: tuple[Engine, ...] = (
            ("MV2_COMM_WORLD_LOCAL_RANK",), ("MV2_COMM_WORLD_LOCAL_SIZE",)),
     Engine("SLURM (srun)", ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"), ("SLURM_PROCID",), ("SLURM_STEP_NUM_TASKS",),
            ("SLURM_LOCALID",),
-           derive_address=_slurm_address, derive_port=_slurm_port, derive_local_world_size=_slurm_local_world_size),
+           derive_address=_slurm_address, derive_port=_port_from_job_id("SLURM_JOB_ID", 15000),
+           derive_local_world_size=_slurm_local_world_size),
 )
 
 
@@ -159,14 +189,13 @@ def place_process(environ: Optional[Mapping[str, str]] = None) -> Optional[Place
         local_rank = read("local_rank", engine.local_rank, 0) or 0
         local_world_size = read("local_world_size", engine.local_world_size, 1)
         if local_world_size is None and engine.derive_local_world_size is not None:
-            local_world_size = engine.derive_local_world_size(environ)
-            sources["local_world_size"] = "SLURM_STEP_TASKS_PER_NODE"
+            local_world_size, sources["local_world_size"] = engine.derive_local_world_size(environ) or (None, None)
         address_from, address = _first(environ, engine.main_address)
         if address is None and engine.derive_address is not None:
-            address, address_from = engine.derive_address(environ), "the node list"
+            address, address_from = engine.derive_address(environ) or (None, None)
         port = read("main_port", engine.main_port, 1)
         if port is None and engine.derive_port is not None:
-            port, sources["main_port"] = engine.derive_port(environ), "SLURM_JOB_ID"
+            port, sources["main_port"] = engine.derive_port(environ) or (None, None)
         if address is not None:
             sources["main_address"] = address_from
         placement = Placement(engine.name, rank, world_size, local_rank, local_world_size, address, port, sources)

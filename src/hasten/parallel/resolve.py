@@ -2,7 +2,8 @@
 
 ``hasten launch --use_parallelism_config --parallelism_config_<size> N`` (or a config file's ``parallelism_config``
 section) exports ``HASTEN_USE_PARALLELISM_CONFIG=true`` and ``HASTEN_PARALLELISM_CONFIG_<SIZE>=N``; Accelerate's
-launcher exports ``ACCELERATE_USE_PARALLELISM_CONFIG`` and ``PARALLELISM_CONFIG_<SIZE>``, read as aliases. The one
+launcher exports ``ACCELERATE_USE_PARALLELISM_CONFIG`` and ``PARALLELISM_CONFIG_<SIZE>``, read as aliases; a config
+file given without the launcher stands for the same variables (``config/launch_file.py``). The one
 precedence rule applies: a config given in code wins over the environment, and a size that the two set to different
 values is an error naming both.
 """
@@ -13,7 +14,8 @@ from typing import Mapping, Optional
 
 from ..config.booleans import parse_bool
 from ..config.env_fields import as_int
-from ..core.env_aliases import ConfigConflictError, read_setting
+from ..config.launch_file import read_launch_setting
+from ..core.env_aliases import ConfigConflictError
 from .config import SIZE_FIELDS, ParallelismConfig
 
 __all__ = ["USE_PARALLELISM_CONFIG", "launcher_parallel_sizes", "resolve_parallelism_config"]
@@ -30,15 +32,16 @@ def launcher_parallel_sizes(env: Mapping[str, str] = os.environ) -> dict:
     ``{"dp_shard_size": (2, "HASTEN_PARALLELISM_CONFIG_DP_SHARD_SIZE")}``)."""
     found = {}
     for field in SIZE_FIELDS:
-        value, variable = read_setting(_setting(field), as_int(f"ParallelismConfig.{field}", minimum=1), environ=env)
+        value, variable = read_launch_setting(_setting(field), as_int(f"ParallelismConfig.{field}", minimum=1),
+                                              environ=env)
         if variable is not None:
             found[field] = (value, variable)
     return found
 
 
 def _use_flag(env: Mapping[str, str]) -> bool:
-    value, variable = read_setting(USE_PARALLELISM_CONFIG, lambda raw: parse_bool(raw, USE_PARALLELISM_CONFIG),
-                                   environ=env)
+    value, variable = read_launch_setting(USE_PARALLELISM_CONFIG, lambda raw: parse_bool(raw, USE_PARALLELISM_CONFIG),
+                                         environ=env)
     return bool(value) if variable is not None else False
 
 
@@ -67,7 +70,7 @@ def resolve_parallelism_config(explicit: Optional[ParallelismConfig] = None,
         return None
     backends = {}
     for field in ("cp_backend", "sp_backend"):
-        value, variable = read_setting(_setting(field), environ=env)
+        value, variable = read_launch_setting(_setting(field), environ=env)
         if variable is not None:
             backends[field] = value
     return ParallelismConfig(**{field: value for field, (value, _) in sizes.items()}, **backends)

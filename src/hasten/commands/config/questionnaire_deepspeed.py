@@ -1,5 +1,5 @@
 """``hasten config``'s DeepSpeed questions; the answers become the ``deepspeed_config`` section (Accelerate's keys,
-checked and exported by ``hasten launch``, see ``launch_deepspeed``)."""
+checked and exported by ``hasten launch``, see ``config/deepspeed_launch.py``)."""
 from __future__ import annotations
 
 import json

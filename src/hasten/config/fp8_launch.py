@@ -1,4 +1,6 @@
-"""``hasten launch``'s fp8 options: the torchao ones reach the script, the recipes of other libraries are refused.
+"""A launch's fp8 options: the torchao ones reach the script, the recipes of other libraries are refused. ``hasten
+launch`` (its flags and the config file) and a process started without it (``config/launch_file.py``, the config file
+alone) both read them here.
 
 ``--mixed_precision fp8`` trains through torchao; its options (``--fp8_backend ao``, ``--fp8_pad_inner_dim``,
 ``--fp8_enable_fsdp_float8_all_gather``, or the same keys under a config file's ``fp8_config:``, where the
@@ -12,28 +14,35 @@ from __future__ import annotations
 import argparse
 from typing import Mapping, Optional
 
-from ..config.fp8 import PLANNED_FP8_LIBRARIES, fp8_library_not_yet_supported
 from ..core.env_vars import env_name
-from .errors import CommandError
-from .launch_defaults import given_flags
-from .launch_options import backend_not_yet_supported, env_text
+from ..core.input_errors import CommandError
+from ..core.planned import NotYetSupportedError, not_yet_supported
+from .launch_groups import backend_not_yet_supported, env_text
 
-__all__ = ["TORCHAO_OPTIONS", "fp8_options", "fp8_env"]
+__all__ = ["TORCHAO_OPTIONS", "PLANNED_FP8_LIBRARIES", "fp8_library_not_yet_supported", "fp8_options", "fp8_env"]
 
 #: the options torchao's fp8 training reads (``AORecipeKwargs`` and the library choice)
 TORCHAO_OPTIONS = ("fp8_backend", "fp8_pad_inner_dim", "fp8_enable_fsdp_float8_all_gather")
+PLANNED_FP8_LIBRARIES = {"TE": "TransformerEngine", "MSAMP": "MS-AMP"}
+
+
+def fp8_library_not_yet_supported(backend: str, meanwhile: str, detail: str = "") -> NotYetSupportedError:
+    """The ``NotYetSupportedError`` for fp8 ``backend`` ("TE" / "MSAMP"), ``detail`` after the library's name."""
+    return not_yet_supported(f"fp8 training with {PLANNED_FP8_LIBRARIES[backend]}{detail}", meanwhile)
+
+
 _BACKENDS = ("AO", "NO", *PLANNED_FP8_LIBRARIES)
 
 
 def fp8_options(args: argparse.Namespace, config: Optional[Mapping] = None) -> dict:
-    """``{"fp8_<option>": value}``: the config file's ``fp8_config`` section, then the ``--fp8_*`` flags given."""
+    """``{"fp8_<option>": value}``: the config file's ``fp8_config`` section, then the ``--fp8_*`` flags given
+    (``args`` holds the flags given only, not the parser's defaults)."""
     section = (config or {}).get("fp8_config") or {}
     if not isinstance(section, Mapping):
         raise CommandError(f"The config file's fp8_config must be a mapping of options, got {section!r}.")
     options = {(key if str(key).startswith("fp8_") else f"fp8_{key}"): value
                for key, value in section.items() if value is not None}
-    given = given_flags(args)
-    options.update({name: value for name, value in vars(given).items()
+    options.update({name: value for name, value in vars(args).items()
                     if name.startswith("fp8_") and value is not None})
     return options
 
