@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 
 from hasten.checkpointing import dcp_folders
 from hasten.checkpointing.safe_dcp import SafeLoadPlanner, UnsafeCheckpointError
@@ -81,3 +82,61 @@ def test_the_reader_refuses_a_folder_whose_metadata_names_other_objects(tmp_path
     with pytest.raises(UnsafeCheckpointError, match="optimizer_0"):
         dcp_folders.FolderSetReader(str(tmp_path), list(saved)).read_metadata()
 
+
+
+def test_tensors_of_the_same_layout_are_read_straight_into_their_destination(tmp_path, monkeypatch):
+    """Each stored tensor whose destination has its shape, dtype and contiguous layout is read into it directly
+    (only its header is unpickled, on the meta device); any other goes DCP's way; the values are the same."""
+    from hasten.checkpointing.safe_dcp import SafeFileSystemReader
+
+    torch.manual_seed(0)
+    saved = {"m": {"w": torch.randn(64, 32), "h": torch.randn(16, 8).bfloat16(), "t": torch.randn(8, 16).t(),
+                   "s": torch.tensor(3.0), "e": torch.empty(0), "n": 7}}
+    dcp.save(saved, checkpoint_id=str(tmp_path))
+    whole_loads = []
+    real_load = torch.load
+
+    def counting_load(*args, **kwargs):
+        if kwargs.get("map_location") != "meta":
+            whole_loads.append(kwargs.get("map_location"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counting_load)
+    target = zeros_like(saved)
+    target["m"]["t"] = torch.zeros(8, 16).t()  # the stored layout is not contiguous: read DCP's way
+    dcp.load(target, storage_reader=SafeFileSystemReader(str(tmp_path)), planner=SafeLoadPlanner())
+    assert_equal(target, saved)
+    assert whole_loads.count("cpu") == 1  # "t" only; "n" is a value (weights_only bytes)
+    data = next(path for path in tmp_path.iterdir() if path.suffix == ".distcp")
+    data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])  # the pieces past the middle lose their end
+    with pytest.raises(CheckpointException):
+        dcp.load(zeros_like(saved), storage_reader=SafeFileSystemReader(str(tmp_path)), planner=SafeLoadPlanner())
+
+
+def test_a_stored_tensors_place_is_found_only_for_a_plain_tensor_and_nothing_named_is_built(tmp_path):
+    import io
+    import zipfile
+
+    from hasten.checkpointing.stored_tensor import stored_tensor
+
+    def archive(value) -> io.BytesIO:
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        return buffer
+
+    whole = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+    buffer = archive(whole)
+    found = stored_tensor(buffer, 0, len(buffer.getvalue()))
+    assert (found.dtype, found.shape, found.contiguous, found.nbytes) == (torch.bfloat16, (3, 4), True, 24)
+    assert buffer.getvalue()[found.data_offset:found.data_offset + 24] == whole.view(torch.uint8).numpy().tobytes()
+    base = torch.arange(12.0)
+    for other in (base[2:], {"a": whole}, whole.t().contiguous().t()):  # a view into more storage, a dict, a transpose
+        buffer = archive(other)
+        found = stored_tensor(buffer, 0, len(buffer.getvalue()))
+        assert found is None or not found.contiguous
+    marker = tmp_path / "ran"
+    crafted = io.BytesIO()
+    with zipfile.ZipFile(crafted, "w") as entries:  # a header that names code instead of a tensor
+        entries.writestr("archive/data.pkl", b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR.")
+        entries.writestr("archive/data/0", b"\0" * 8)
+    assert stored_tensor(crafted, 0, len(crafted.getvalue())) is None and not marker.exists()

@@ -235,3 +235,23 @@ def test_release_memory_returns_nones_and_collects(fast_gc):
     assert (a, b, c) == (None, None, None)
     assert collections == [1]
     assert release_memory() == []
+
+
+def test_gc_paused_pauses_collection_and_puts_it_back_as_it_was():
+    import gc
+
+    from hasten.core.gc_pause import gc_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with gc_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("an error inside")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # paused before: left paused
+    finally:
+        gc.enable()

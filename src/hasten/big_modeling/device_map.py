@@ -1,8 +1,6 @@
 """Device maps: which device each part of a model lives on (``{"embed": 0, "h.0": 0, "h.1": "cpu", "head": "disk"}``)."""
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import warnings
 from collections import OrderedDict
@@ -12,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from ..core.aliases import Device
+from ..core.gc_pause import gc_paused
 
 from .device_checks import check_device_value
 from .planner import DevicePlanner
@@ -54,24 +53,13 @@ def infer_auto_device_map(
     budget = get_max_memory(max_memory)
     if dtype is not None:
         dtype = _as_dtype(dtype)
-    with _gc_paused():  # planning makes many small objects and no cycles: a collection pass is pure cost
+    with gc_paused():  # planning makes many small objects and no cycles: a collection pass is pure cost
         planner = DevicePlanner(model, budget, _as_class_names(no_split_module_classes), dtype, special_dtypes,
                                 verbose, offload_buffers, fallback_allocation)
         device_map = planner.run()
     if clean_result:
         device_map = clean_device_map(device_map)
     return device_map
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def clean_device_map(device_map: dict, module_name: str = "") -> dict:

@@ -4,13 +4,22 @@ DCP's own reader unpickles the ``.metadata`` file with plain ``pickle`` and its 
 entries with ``torch.load(weights_only=False)``: a checkpoint folder from elsewhere could run any code. Here
 ``.metadata`` may only name DCP's metadata classes, torch sizes, dtypes and layouts and paths; non-tensor
 entries load with ``weights_only=True``. Anything else is refused with an error naming the way to trust it.
+
+It also reads each stored tensor straight into the tensor it is loaded into when the two have the same layout (the
+same shape, dtype and contiguous strides: a load at the layout the checkpoint was saved with). DCP's own reader
+unpickles every stored tensor into a new buffer and then copies it over, writing every byte twice; here only the
+stored tensor's zip directory and small header are read (``stored_tensor.py``, which builds nothing from the
+header), and its data record is read into the destination in one ``readinto``. A piece read only in part
+(resharding), a transformed (compressed) piece or a big-endian file goes DCP's way.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
 import re
+import sys
 
 from typing import TYPE_CHECKING, Any, Union
 
@@ -18,9 +27,14 @@ import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+from torch.futures import Future
+
+from ..core.gc_pause import gc_paused
+from .stored_tensor import stored_tensor
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
 __all__ = ["SafeFileSystemReader", "SafeEmptyStateDictLoadPlanner", "SafeLoadPlanner", "UnsafeCheckpointError",
            "read_dcp_checkpoint"]
@@ -68,7 +82,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose ``.metadata`` may only hold DCP metadata (see the module docstring)."""
+    """``FileSystemReader`` whose ``.metadata`` may only hold DCP metadata, and which reads a stored tensor straight
+    into a destination of the same layout (see the module docstring)."""
 
     def __init__(self, path: Union[str, os.PathLike], *args: Any, unsafe_hint: str = "weights_only=False",
                  **kwargs: Any):
@@ -80,12 +95,55 @@ class SafeFileSystemReader(FileSystemReader):
 
         rank = kwargs.get("rank")
         path = os.path.join(os.fspath(self.path), ".metadata" if rank is None else f"__{rank}.metadata")
-        with open(path, "rb") as handle:
-            metadata = _MetadataUnpickler(handle, path, self._unsafe_hint).load()
+        with open(path, "rb") as handle, gc_paused():  # core/gc_pause.py
+            metadata = _MetadataUnpickler(io.BytesIO(handle.read()), path, self._unsafe_hint).load()
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        """Read the plan's tensors that can go straight into their destination, file by file in file order; the
+        rest (values, pieces read in part, transformed pieces) through DCP's reader."""
+        from torch.distributed.checkpoint.planner import LoadItemType
+
+        by_file: dict[str, list] = {}
+        for item in plan.items:
+            if item.type == LoadItemType.TENSOR:
+                by_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        done = set()
+        for relative_path, items in by_file.items():
+            with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
+                for item in sorted(items, key=lambda item: self.storage_data[item.storage_index].offset):
+                    if _read_in_place(stream, self.storage_data[item.storage_index], item, planner):
+                        done.add(id(item))
+        rest = [item for item in plan.items if id(item) not in done]
+        if rest:
+            return super().read_data(dataclasses.replace(plan, items=rest), planner)
+        finished: Future = Future()
+        finished.set_result(None)
+        return finished
+
+
+def _read_in_place(stream, stored: Any, item: Any, planner: LoadPlanner) -> bool:
+    """Read the stored tensor ``stored`` (a ``torch.save`` archive at ``stored.offset`` in ``stream``) into the
+    destination of ``item`` when the item is the whole stored tensor and the destination has its layout; whether it
+    was read. Only the archive's directory and header are read (``stored_tensor.py``)."""
+    if getattr(stored, "transform_descriptors", None) or sys.byteorder != "little" or any(item.storage_offsets):
+        return False
+    found = stored_tensor(stream, stored.offset, stored.length)
+    if found is None or not found.contiguous or tuple(item.lengths) != found.shape:
+        return False
+    target = planner.resolve_tensor(item).detach()
+    if target.device.type != "cpu" or target.dtype != found.dtype or tuple(target.shape) != found.shape \
+            or not target.is_contiguous():
+        return False
+    stream.seek(stored.offset + found.data_offset)
+    if found.nbytes and stream.readinto(target.reshape(-1).view(torch.uint8).numpy()) != found.nbytes:
+        raise EOFError(f"{getattr(stream, 'name', 'a checkpoint file')}: the stored tensor {item.storage_index.fqn!r} "
+                       "ends before its data does (the file is truncated).")
+    planner.commit_tensor(item, target)
+    return True
 
 
 class _PlainValuesOnly:

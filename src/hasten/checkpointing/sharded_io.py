@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import torch
 
+from ..core.gc_pause import gc_paused
 from . import dcp_folders
 from .checkpoint_io import Snapshot, take_snapshot, write_full_state
 from .errors import CheckpointError, IncompleteCheckpointError
@@ -180,8 +181,9 @@ def save_folders(folders: dict[str, dict], root: Path, process_group: Optional[P
     if not folders:
         return
     if dcp_folders.available():
-        dcp.save(folders, storage_writer=dcp_folders.FolderSetWriter(str(root), list(folders)),
-                 process_group=process_group)
+        with gc_paused():  # DCP's plans are many small objects (core/gc_pause.py)
+            dcp.save(folders, storage_writer=dcp_folders.FolderSetWriter(str(root), list(folders)),
+                     process_group=process_group)
         return
     for name, state in folders.items():
         dcp.save(state, checkpoint_id=str(root / name), process_group=process_group)
@@ -198,9 +200,10 @@ def load_folders(folders: dict[str, dict], root: Path, *, strict: bool, weights_
     if not folders:
         return
     if strict and weights_only:
-        dcp.load(folders, storage_reader=reader or dcp_folders.FolderSetReader(str(root), list(folders),
-                                                                               unsafe_hint=UNSAFE_OPT_IN),
-                 planner=SafeLoadPlanner(allow_partial_load=False, unsafe_hint=UNSAFE_OPT_IN))
+        with gc_paused():  # DCP's plans are many small objects (core/gc_pause.py)
+            dcp.load(folders, storage_reader=reader or dcp_folders.FolderSetReader(str(root), list(folders),
+                                                                                   unsafe_hint=UNSAFE_OPT_IN),
+                     planner=SafeLoadPlanner(allow_partial_load=False, unsafe_hint=UNSAFE_OPT_IN))
         return
     for name, state in folders.items():
         load_shards(state, root / name, allow_partial=not strict and "model" in state, weights_only=weights_only)
