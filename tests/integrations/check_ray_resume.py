@@ -9,6 +9,11 @@ workers resume from the last checkpoint Ray registered (hasten.integrations.ray.
 from the global random generator, so the weights match the uninterrupted run only if every rank's random states,
 the momentum and the epoch counter came back. Rank 0 writes the final weights to OUT/<mode>.pt and, under Ray, the
 epoch it resumed from to OUT/resumed_from.txt.
+
+In the same Ray session, the training function Ray's guide for Hugging Face Accelerate shows (``from accelerate
+import Accelerator``, ``prepare``, ``backward``, ``ray.train.report`` with a checkpoint folder of rank 0's saved
+model) runs with ``HASTEN_AS_ACCELERATE=1`` in the workers' environment: ``accelerate`` is hasten there, the two
+workers train as one job, and each writes what it saw to OUT/accelerate_<rank>.txt.
 """
 import os
 import signal
@@ -70,6 +75,38 @@ def train(out, report=None, resume=None):
     accelerator.wait_for_everyone()
 
 
+def accelerate_guide_train_func(config):
+    """Ray's guide's shape for Accelerate, unchanged but for the sizes; run with HASTEN_AS_ACCELERATE=1."""
+    import tempfile
+
+    import accelerate
+    import ray.train
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=4)
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+    for epoch in range(2):
+        for x, y in data:
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            accelerator.backward(loss)
+            optimizer.step()
+        with tempfile.TemporaryDirectory() as folder:
+            if accelerator.is_main_process:
+                torch.save(accelerator.unwrap_model(model).state_dict(), os.path.join(folder, "model.pt"))
+            checkpoint = ray.train.Checkpoint.from_directory(folder) if accelerator.is_main_process else None
+            ray.train.report({"epoch": epoch, "loss": loss.item()}, checkpoint=checkpoint)
+    weights = accelerator.gather(torch.cat([p.detach().flatten() for p in model.parameters()])[None])
+    with open(os.path.join(config["out"], f"accelerate_{accelerator.process_index}.txt"), "w") as handle:
+        handle.write(f"{accelerate.__name__} {'hasten' in accelerate.__doc__} {accelerator.num_processes} "
+                     f"{len(data)} {torch.equal(weights[0], weights[1])}")
+
+
 def run_ray(out):
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -80,7 +117,8 @@ def run_ray(out):
 
         train(config["out"], report=report, resume=resume)
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True,
+             runtime_env={"env_vars": {"HASTEN_AS_ACCELERATE": "1"}})
     try:
         trainer = TorchTrainer(train_func, train_loop_config={"out": out},
                                scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
@@ -88,6 +126,11 @@ def run_ray(out):
                                                     failure_config=FailureConfig(max_failures=1)))
         result = trainer.fit()
         print(f"RAY DONE error={result.error!r}", flush=True)
+        trainer = TorchTrainer(accelerate_guide_train_func, train_loop_config={"out": out},
+                               scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+                               run_config=RunConfig(name="accelerate-guide", storage_path=os.path.join(out, "storage")))
+        result = trainer.fit()
+        print(f"RAY ACCELERATE DONE error={result.error!r} checkpoint={result.checkpoint is not None}", flush=True)
     finally:
         ray.shutdown()
 

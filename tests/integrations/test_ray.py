@@ -1,6 +1,8 @@
 """Ray Train, for real: a local Ray cluster with 2 CPU workers runs hasten unchanged, a worker SIGKILLed mid-run is
 restarted by Ray, the group resumes from the checkpoint every rank reported (Ray merged their folders), and the
-run ends with exactly the weights of the same training uninterrupted under `hasten launch -n 2`."""
+run ends with exactly the weights of the same training uninterrupted under `hasten launch -n 2`. Then, in the same
+Ray session, the training function of Ray's guide for Accelerate runs with HASTEN_AS_ACCELERATE=1 as one job of two
+workers."""
 from __future__ import annotations
 
 import os
@@ -30,6 +32,9 @@ def test_a_killed_ray_worker_resumes_from_the_merged_checkpoint_with_the_uninter
     plain, ray_run = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "ray.pt")
     for name, value in plain.items():
         assert torch.equal(value, ray_run[name]), name
+    assert "RAY ACCELERATE DONE error=None checkpoint=True" in finished.stdout, log
+    # accelerate is hasten's face, 2 processes, 4 of the 8 batches each (the loader sharded), one model
+    assert [(tmp_path / f"accelerate_{rank}.txt").read_text() for rank in range(2)] == ["accelerate True 2 4 True"] * 2
 
     class Automatic:  # report refuses a project that names its own folders
         class project_configuration:
