@@ -18,8 +18,10 @@ from .accumulation import GradientAccumulationPlugin
 from .booleans import parse_bool
 from .dynamo import TorchDynamoPlugin
 from .enums import PrecisionType, RNGType
+from .env_fields import as_bool
 from .fp8 import check_fp8_recipe
 from .kwargs import KwargsHandler
+from .launch_file import read_launch_setting, unlaunched_file_variables
 from .launch_groups import BACKEND_SWITCH_OF
 from .project import ProjectConfiguration
 from .resolution import resolve
@@ -59,9 +61,6 @@ BACKEND_SWITCHES = ("use_fsdp", "use_deepspeed", "use_megatron_lm")
 def launcher_switches() -> frozenset:
     """The backend switches (``BACKEND_SWITCHES``) the launcher's environment turns on, or a config file given without
     the launcher (``config/launch_file.py``)."""
-    from .env_fields import as_bool
-    from .launch_file import read_launch_setting
-
     return frozenset(switch for switch in BACKEND_SWITCHES if read_launch_setting(switch, as_bool(switch))[0])
 
 
@@ -87,8 +86,6 @@ def _launcher_config() -> tuple[dict, Optional[str]]:
     for key, (setting, neutral) in _CONFIG_SETTINGS.items():
         if key in raw and not setting_is_set(setting) and raw[key] != neutral:
             config[key] = raw[key]
-    from .launch_file import unlaunched_file_variables
-
     sections = unlaunched_file_variables()  # deepspeed_config's gradient_accumulation_steps, as the launcher exports it
     for key, (setting, _) in _CONFIG_SETTINGS.items():
         if key not in config and sections is not None and sections.get(setting) is not None:
@@ -169,9 +166,7 @@ def resolve_accelerator_settings(*, mixed_precision: Optional[str] = None, cpu: 
                                  project_config: Optional[ProjectConfiguration] = None,
                                  rng_types: Optional[list[Union[str, RNGType]]] = None,
                                  kwargs_handlers: Optional[list[KwargsHandler]] = None) -> AcceleratorSettings:
-    """Validate the Accelerator's arguments and merge them with the launcher's environment and config file.
-    ``backends_in_code``: the backends whose plugin the Accelerator was given (``"FSDP"``, ``"DEEPSPEED"``,
-    ``"MEGATRON_LM"``); a config file naming one of them needs no launcher."""
+    """Validate the Accelerator's arguments and merge them with the launcher's environment and config file."""
     cpu = parse_bool(cpu, "Accelerator(cpu=...)")
     if split_batches is not SPLIT_BATCHES_UNSET:
         parse_bool(split_batches, "Accelerator(split_batches=...)")  # checked before anything else is read

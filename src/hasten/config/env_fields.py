@@ -2,8 +2,8 @@
 
 A plugin field left at ``None`` takes the launcher's value (``HASTEN_<SETTING>``, or Accelerate's
 ``ACCELERATE_<SETTING>``), then a config file's given without the launcher, then its default, through the one
-precedence rule in ``resolution.resolve``. Each parser accepts what a user or a config file would write (``"true"``, ``"2"``, ``"FULL_SHARD"``) and raises a
-``ValueError`` that names the field and the accepted values.
+precedence rule in ``resolution.resolve``. Each parser accepts what a user or a config file would write
+(``"true"``, ``"2"``, ``"FULL_SHARD"``) and raises a ``ValueError`` that names the field and the accepted values.
 """
 from __future__ import annotations
 

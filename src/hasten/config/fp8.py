@@ -18,6 +18,7 @@ from typing import Any, Callable, Literal, Optional, get_args
 from .env_fields import as_bool, as_choice, as_int, from_env
 from .fp8_launch import PLANNED_FP8_LIBRARIES, fp8_library_not_yet_supported
 from .kwargs import KwargsHandler
+from .launch_file import read_launch_setting
 
 __all__ = [
     "Backend", "OptLevel", "FP8Format", "AmaxComputeAlgorithm", "FP8BackendType", "AORecipeKwargs",
@@ -154,7 +155,8 @@ class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
 
 
 _RECIPES = {AORecipeKwargs: "AO", TERecipeKwargs: "TE", MSAMPRecipeKwargs: "MSAMP"}
-#: the fp8 backends hasten does not train with yet, and their libraries' names
+
+
 def check_fp8_recipe(mixed_precision: str, handlers: dict) -> None:
     """Refuse, before anything is built, an fp8 recipe the run cannot train with.
 
@@ -163,8 +165,6 @@ def check_fp8_recipe(mixed_precision: str, handlers: dict) -> None:
     ``HASTEN_FP8_BACKEND`` / ``ACCELERATE_FP8_BACKEND`` naming them) raises ``NotYetSupportedError``: hasten does not
     train fp8 another way than the one asked for.
     """
-    from .launch_file import read_launch_setting
-
     recipes = [handler for kind, handler in handlers.items() if issubclass(kind, tuple(_RECIPES))]
     if recipes and mixed_precision != "fp8":
         raise ValueError(f"Passing in an FP8 configuration requires setting `mixed_precision='fp8'` (got "

@@ -23,6 +23,7 @@ __all__ = ["TORCHAO_OPTIONS", "PLANNED_FP8_LIBRARIES", "fp8_library_not_yet_supp
 
 #: the options torchao's fp8 training reads (``AORecipeKwargs`` and the library choice)
 TORCHAO_OPTIONS = ("fp8_backend", "fp8_pad_inner_dim", "fp8_enable_fsdp_float8_all_gather")
+#: the fp8 backends hasten does not train with yet, and their libraries' names
 PLANNED_FP8_LIBRARIES = {"TE": "TransformerEngine", "MSAMP": "MS-AMP"}
 
 

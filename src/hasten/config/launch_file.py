@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional
 
-from ..core.env_aliases import ConfigConflictError, get_flag_setting, get_setting, read_setting, setting_variables
+from ..core.env_aliases import get_flag_setting, get_setting, read_setting, setting_variables
 from ..core.env_vars import env_name
 from .config_file import load_config_file
 from .deepspeed_launch import resolve_deepspeed
 from .fp8_launch import fp8_env
-from .launch_groups import backend_section_env
+from .launch_groups import backend_section_env, env_text
 from .parallelism_launch import parallelism_env
+from .resolution import resolve
 
 __all__ = ["APPLIED_SETTING", "FileVariables", "config_file_env", "unlaunched_file_variables", "config_tier",
            "read_launch_setting"]
@@ -59,8 +60,6 @@ _DYNAMO_KEYS = {"dynamo_mode": "default", "dynamo_use_fullgraph": False, "dynamo
 
 
 def _dynamo_env(config: Mapping) -> dict:
-    from .launch_groups import env_text
-
     section = config.get("dynamo_config") or {}
     return {env_name(key): env_text(section[key]) for key, neutral in _DYNAMO_KEYS.items()
             if section.get(key) is not None and section[key] != neutral}
@@ -125,25 +124,11 @@ def config_tier(setting: str) -> dict:
 
 def read_launch_setting(setting: str, parse: Optional[Callable[[str], Any]] = None,
                         environ: Optional[Mapping[str, str]] = None) -> tuple[Any, Optional[str]]:
-    """``(value, where)`` for a setting the launcher exports: the environment's (``read_setting``), else the
-    unlaunched config file's (``where``: the file's path); ``(None, None)`` when neither gives it. Both giving
-    different values is a ``ConfigConflictError`` naming both. ``environ``: a mapping to read instead of the
-    process's environment (then the file is not consulted: the caller chose its source)."""
-    value, variable = read_setting(setting, parse, environ=environ)
+    """``(value, where)`` for a setting the launcher exports: the environment's, else the unlaunched config file's,
+    by the one precedence rule (``resolution.resolve``; both giving different values is a ``ConfigConflictError``
+    naming both); ``(None, None)`` when neither gives it. ``where``: the variable, or the file. ``environ``: a mapping
+    to read instead of the process's environment (then the file is not consulted: the caller chose its source)."""
     if environ is not None and environ is not os.environ:
-        return value, variable
-    layer = unlaunched_file_variables()
-    raw = layer.get(setting) if layer is not None else None
-    if raw is None:
-        return value, variable
-    try:
-        from_file = parse(raw) if parse is not None else raw
-    except ValueError as error:
-        raise ValueError(f"Config file {layer.path} ({setting_variables(setting)[0]}): {error}") from None
-    if variable is None:
-        return from_file, layer.path
-    if from_file != value:
-        raise ConfigConflictError(
-            f"Conflicting values for {setting!r}: {value!r} from the environment {variable} but {from_file!r} from "
-            f"the config file {layer.path}. Remove one of them or make them agree.")
-    return value, variable
+        return read_setting(setting, parse, environ=environ)
+    value, source = resolve(setting, **({"parse": parse} if parse is not None else {}), **config_tier(setting))
+    return value, (source.where or None)

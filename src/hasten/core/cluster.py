@@ -189,13 +189,13 @@ def place_process(environ: Optional[Mapping[str, str]] = None) -> Optional[Place
         local_rank = read("local_rank", engine.local_rank, 0) or 0
         local_world_size = read("local_world_size", engine.local_world_size, 1)
         if local_world_size is None and engine.derive_local_world_size is not None:
-            local_world_size, sources["local_world_size"] = engine.derive_local_world_size(environ) or (None, None)
+            local_world_size = _derived(engine.derive_local_world_size, environ, "local_world_size", sources)
         address_from, address = _first(environ, engine.main_address)
         if address is None and engine.derive_address is not None:
-            address, address_from = engine.derive_address(environ) or (None, None)
+            address, address_from = engine.derive_address(environ) or (None, address_from)
         port = read("main_port", engine.main_port, 1)
         if port is None and engine.derive_port is not None:
-            port, sources["main_port"] = engine.derive_port(environ) or (None, None)
+            port = _derived(engine.derive_port, environ, "main_port", sources)
         if address is not None:
             sources["main_address"] = address_from
         placement = Placement(engine.name, rank, world_size, local_rank, local_world_size, address, port, sources)
@@ -203,6 +203,15 @@ def place_process(environ: Optional[Mapping[str, str]] = None) -> Optional[Place
         _check_pytorchjob_processes_per_pod(environ)
         return placement
     return None
+
+
+def _derived(derive: Callable, environ: Mapping[str, str], fact: str, sources: dict):
+    """An engine's derived fact (``derive(environ)``: ``(value, where)`` or None), its source noted when found."""
+    found = derive(environ)
+    if found is None:
+        return None
+    sources[fact] = found[1]
+    return found[0]
 
 
 def _check(place: Placement) -> None:
