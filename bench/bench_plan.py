@@ -108,6 +108,13 @@ def predicted(case: dict) -> int:
     return result.row(case["layout"]).peak
 
 
+def _bucket(case: dict) -> int:
+    """Bytes of DeepSpeed's gradient bucket in the case (stages 1-3 allocate it whole; stage 0 has none)."""
+    if case["family"] != "zero" or not case.get("zero_stage"):
+        return 0
+    return ZERO_BUCKET_ELEMENTS * (2 if case["precision"] == "bf16" else 4)
+
+
 def reference_estimates(case: dict, processes: int) -> dict:
     """What estimate-memory (Accelerate's formula, float32 Adam training) and DeepSpeed's model-state estimators
     say for the case (None where they do not apply)."""
@@ -155,7 +162,7 @@ def main(argv=None) -> list:
     earlier = json.loads(store.read_text()) if store.exists() else []
     if args.report and args.repredict:
         for record in _with_earlier([], earlier):
-            record["predicted"] = predicted(record)
+            record["predicted"], record["bucket"] = predicted(record), _bucket(record)
     records = []
     started = time.time()
     for processes in [] if args.report else args.processes:
@@ -169,8 +176,7 @@ def main(argv=None) -> list:
                 print(error, file=sys.stderr)
                 continue
             for case, peak in zip(batch, peaks):
-                bucket = ZERO_BUCKET_ELEMENTS * (2 if case["precision"] == "bf16" else 4) if family == "zero" else 0
-                records.append({**case, "measured": peak, "bucket": bucket, "predicted": predicted(case),
+                records.append({**case, "measured": peak, "bucket": _bucket(case), "predicted": predicted(case),
                                 **reference_estimates(case, processes)})
             store.write_text(json.dumps(_with_earlier(records, earlier), indent=1))  # kept as it goes
     records = _with_earlier(records, earlier)

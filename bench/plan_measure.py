@@ -4,7 +4,9 @@ measured over the first three optimizer steps.
 
 The measure is a dispatch mode that sees every tensor storage PyTorch's operators create on this thread (the model's
 weights included: it is entered before the model is built) and counts its bytes until the storage is freed: the
-quantity a GPU's ``max_memory_allocated`` counts, less the allocator's rounding, and independent of the device.
+quantity a GPU's ``max_memory_allocated`` counts, less the allocator's rounding, and independent of the device. Its
+peak is the steps' (what ``prepare()`` leaves behind counted, its own moment not): the plan predicts the steps, and
+``prepare()`` on CPU processes holds the model built whole beside its shards in the one memory they share.
 """
 from __future__ import annotations
 
@@ -101,6 +103,7 @@ FSDP_FAMILIES = ("fsdp2", "hsdp", "fsdp2_tp", "cp", "fsdp1")
 def _accelerator(case: dict):
     """The ``Accelerator`` of the case's layout (its ``family`` and degrees, as the plan's row names them)."""
     from hasten import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, ParallelismConfig
+    from hasten.planning.launch_config import FSDP1_OPTIONS
 
     family, precision, processes = case["family"], case["precision"], case["processes"]
     if family == "zero":
@@ -118,10 +121,11 @@ def _accelerator(case: dict):
         sizes = dict(cp_size=case["cp"], dp_shard_size=processes // case["cp"])
     parallelism = {"parallelism_config": ParallelismConfig(**sizes)} if sizes else {}
     if family in FSDP_FAMILIES or (family == "tp" and case["ac"]):  # TP takes activation checkpointing from it
+        version1 = dict(FSDP1_OPTIONS) if family == "fsdp1" else {}  # as the config the plan writes
         plugin = FullyShardedDataParallelPlugin(fsdp_version=1 if family == "fsdp1" else 2,
                                                 auto_wrap_policy="transformer_based_wrap" if case["blocks"] else None,
                                                 transformer_cls_names_to_wrap=case["blocks"] or None,
-                                                activation_checkpointing=case["ac"])
+                                                activation_checkpointing=case["ac"], **version1)
         return Accelerator(mixed_precision=precision, fsdp_plugin=plugin, **parallelism)
     return Accelerator(mixed_precision=precision, **parallelism)
 
@@ -153,6 +157,7 @@ def measure(case: dict) -> int:
         foreach = {"foreach": True} if family in ("single", "ddp", "zero") else {}  # as the plan traces them
         optimizer = torch.optim.AdamW(model.parameters(), **foreach)
         model, optimizer = accelerator.prepare(model, optimizer)
+        tracker.peak = tracker.current  # the steps' peak from here (the module docstring)
         for _ in range(3):
             batch = make_batch(case["model"], case["mb"], case["seq_len"])
             if family == "cp" and isinstance(batch, dict):  # each rank computes on its share of the sequence

@@ -15,7 +15,11 @@ from typing import Any, Sequence, Union
 
 from .layouts import Layout
 
-__all__ = ["launch_config", "write_launch_config"]
+__all__ = ["launch_config", "write_launch_config", "FSDP1_OPTIONS"]
+
+#: the FSDP1 options a written config sets besides full sharding (FSDP1's default), as the plugin's fields (the file
+#: prefixes each with ``fsdp_``); the planner traces FSDP1 with them (``Tracer.fsdp_plugin``)
+FSDP1_OPTIONS = {"sync_module_states": True, "use_orig_params": True, "backward_prefetch": "BACKWARD_PRE"}
 
 
 def _fsdp_section(layout: Layout, checkpointing: bool, blocks: Sequence[str]) -> dict[str, Any]:
@@ -33,8 +37,8 @@ def _fsdp_section(layout: Layout, checkpointing: bool, blocks: Sequence[str]) ->
     if version == 2:
         section["fsdp_reshard_after_forward"] = True
     else:
-        section.update(fsdp_sharding_strategy="FULL_SHARD", fsdp_sync_module_states=True,
-                       fsdp_use_orig_params=True, fsdp_backward_prefetch="BACKWARD_PRE")
+        section["fsdp_sharding_strategy"] = "FULL_SHARD"
+        section.update({f"fsdp_{name}": value for name, value in FSDP1_OPTIONS.items()})
     return section
 
 

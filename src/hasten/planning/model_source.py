@@ -8,7 +8,8 @@ wraps the user's own function returning an ``nn.Module``. A ``ModelSource`` answ
   planner traces two small counts and scales, so a model of any depth plans in seconds) and, with
   ``narrowed_by=t``, the attention heads and the MLP's inner width divided by ``t``: what one rank of a ``t``-way
   tensor-parallel run computes (hidden size and head size kept, so the replicated parts and the all-reduced outputs
-  stay full size; an output layer the model's plan splits by vocabulary holds its share, ``narrowed_head.py``);
+  stay full size; an output layer and an input embedding the model's plan splits by vocabulary hold their shares,
+  ``narrowed_vocabulary.py``);
 - ``batch(micro_batch_size, seq_len)``: a training batch of that shape;
 - the shapes that decide which layouts can exist (layers, heads, key/value heads, maximum positions).
 """
@@ -25,7 +26,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import nn
 
-from .narrowed_head import narrow_output_head
+from .narrowed_vocabulary import narrow_vocabulary
 
 __all__ = ["ModelSource", "PlanInputError", "transformers_source", "factory_source", "load_transformers_config",
            "source_from_name"]
@@ -216,7 +217,7 @@ def transformers_source(config: Any, name: Optional[str] = None, trust_remote_co
         with _default_dtype(dtype):
             model = build_class(shaped)
         if narrowed_by > 1:
-            narrow_output_head(model, narrowed_by)
+            narrow_vocabulary(model, narrowed_by)
         return model
 
     def batch(micro_batch_size: int, seq_len: int) -> dict:

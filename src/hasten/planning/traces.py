@@ -17,6 +17,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
+from .fsdp1_memory import fsdp1_step_memory
+from .launch_config import FSDP1_OPTIONS
 from .model_source import ModelSource, PlanInputError
 from .sharded_memory import fsdp2_step_memory
 from .step_memory import MemoryBreakdown, highest, training_step_memory
@@ -37,6 +39,8 @@ OPTIMIZERS = {
 }
 #: bytes of bitsandbytes' 8-bit Adam state per parameter: two 8-bit moments and a float32 scale per block of 256
 ADAM8BIT_STATE = 2 * (1 + 4 / 256)
+#: the mixed precisions whose forward prepare() wraps in autocast, its outputs converted to float32
+_AUTOCAST_MODES = ("bf16", "fp16")
 #: optimizer steps traced: the first creates the optimizer state, the second runs with it (the steady state)
 STEPS = 2
 
@@ -117,6 +121,11 @@ class Tracer:
                  checkpointed: bool) -> Callable[[], nn.Module]:
         def build() -> nn.Module:
             model = self.source.build(depth, narrowed_by, weights_dtype or torch.float32)
+            if weights_dtype is None and self.shape.mixed_precision in _AUTOCAST_MODES:
+                from ..precision.autocast import MixedPrecision
+
+                # as every strategy's prepare() does: the forward under autocast, its outputs made float32
+                model = MixedPrecision(self.shape.mixed_precision, torch.device("cpu")).wrap_forward(model)
             if checkpointed:
                 from ..strategies.fsdp.wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
 
@@ -182,22 +191,44 @@ class Tracer:
         return self._phases(("single", narrowed_by, weights_dtype), micro_batch or shape.micro_batch_size, trace_at)
 
     def fsdp2(self, world: int, narrowed_by: int = 1, seq_len: Optional[int] = None,
-              micro_batch: Optional[int] = None) -> MemoryBreakdown:
-        """One rank's peak under FSDP2 over ``world`` ranks (``seq_len``: its share of the sequence)."""
+              micro_batch: Optional[int] = None, replicas: int = 1, units: bool = True) -> MemoryBreakdown:
+        """One rank's peak under FSDP2 sharded over ``world`` ranks (``seq_len``: its share of the sequence;
+        ``replicas`` > 1: HSDP, that many copies of the shard group; ``units=False``: the whole model one unit, as
+        a plugin without a wrap policy shards it)."""
         shape = self.shape
         length = seq_len or shape.seq_len
 
         def trace_at(micro: int) -> Callable[[Optional[int]], dict]:
             def trace(depth: Optional[int]) -> dict:
-                plugin = self.fsdp_plugin(shape.activation_checkpointing)
+                from ..config.fsdp import FullyShardedDataParallelPlugin
+
+                plugin = self.fsdp_plugin(shape.activation_checkpointing) if units else \
+                    FullyShardedDataParallelPlugin(fsdp_version=2)
                 return fsdp2_step_memory(self._builder(depth, narrowed_by, None, False), self._batch(micro, length),
                                          world_size=world, fsdp_plugin=plugin, optimizer=self.sharded_optimizer,
                                          mixed_precision=shape.mixed_precision, steps=STEPS,
-                                         micro_batches=min(shape.gradient_accumulation_steps, 2), by_phase=True)
+                                         micro_batches=min(shape.gradient_accumulation_steps, 2),
+                                         replicas=replicas, by_phase=True)
             return trace
 
-        return highest(self._phases(("fsdp2", world, narrowed_by, length), micro_batch or shape.micro_batch_size,
-                                    trace_at))
+        return highest(self._phases(("fsdp2", world, narrowed_by, length, replicas, units),
+                                    micro_batch or shape.micro_batch_size, trace_at))
+
+    def fsdp1(self, world: int, micro_batch: Optional[int] = None) -> MemoryBreakdown:
+        """One rank's peak under FSDP1 over ``world`` ranks, wrapped with the options of the config the plan writes
+        (``fsdp_plugin(..., version=1)``)."""
+        shape = self.shape
+
+        def trace_at(micro: int) -> Callable[[Optional[int]], dict]:
+            def trace(depth: Optional[int]) -> dict:
+                plugin = self.fsdp_plugin(shape.activation_checkpointing, version=1)
+                return fsdp1_step_memory(self._builder(depth, 1, None, False), self._batch(micro, shape.seq_len),
+                                         world_size=world, fsdp_plugin=plugin, optimizer=self.sharded_optimizer,
+                                         mixed_precision=shape.mixed_precision, steps=STEPS,
+                                         micro_batches=min(shape.gradient_accumulation_steps, 2))
+            return trace
+
+        return highest(self._phases(("fsdp1", world), micro_batch or shape.micro_batch_size, trace_at))
 
     def block_names(self) -> list[str]:
         """The class names of the model's repeated blocks: those of its ``_no_split_modules`` found more than once
@@ -213,17 +244,17 @@ class Tracer:
             self._blocks = [name for name in named if counts[name] > 1] or named
         return list(self._blocks)
 
-    def fsdp_plugin(self, checkpointing: bool) -> Any:
-        """The FSDP2 plugin the written config asks for: each of the model's blocks (``block_names``) a unit (the
-        whole model one unit when it names none), with ``activation_checkpointing`` of each."""
+    def fsdp_plugin(self, checkpointing: bool, version: int = 2) -> Any:
+        """The FSDP plugin the written config asks for (``launch_config.py``): each of the model's blocks
+        (``block_names``) a unit (the whole model one unit when it names none), with ``activation_checkpointing`` of
+        each; for ``version`` 1 also the written FSDP1 options (``FSDP1_OPTIONS``)."""
         from ..config.fsdp import FullyShardedDataParallelPlugin
 
         blocks = self.block_names()
-        if not blocks:
-            return FullyShardedDataParallelPlugin(fsdp_version=2, activation_checkpointing=checkpointing)
-        return FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
-                                              transformer_cls_names_to_wrap=blocks,
-                                              activation_checkpointing=checkpointing)
+        options = dict(FSDP1_OPTIONS) if version == 1 else {}
+        if blocks:
+            options.update(auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=blocks)
+        return FullyShardedDataParallelPlugin(fsdp_version=version, activation_checkpointing=checkpointing, **options)
 
     def parameter_count(self, below: Optional[int] = None) -> int:
         """Parameters of the model at its depth (only those of tensors with fewer than ``below`` elements)."""

@@ -13,7 +13,7 @@ buffer is broadcast from rank 0 (``torch.distributed.utils._sync_module_states``
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence
 
 from torch import nn
 
@@ -28,7 +28,25 @@ if TYPE_CHECKING:
     from ...parallel import ParallelDims
     from ...state import PartialState
 
-__all__ = ["FSDP1Strategy"]
+__all__ = ["FSDP1Strategy", "wrapper_options"]
+
+
+def wrapper_options(plugin: FullyShardedDataParallelPlugin, decide: Optional[Callable[[nn.Module, int], bool]],
+                    device: torch.device) -> dict:
+    """``FullyShardedDataParallel``'s options from the plugin: its sharding strategy, CPU offload, backward and
+    forward prefetch, mixed precision, ``param_init_fn`` and ``sync_module_states``, ``limit_all_gathers``,
+    ``use_orig_params``, the units ``decide`` picks (``wrapping.wrap_policy``), and the device (on the CPU the device
+    itself). ``shard_model`` wraps with them; the planner (``planning/fsdp1_memory.py``) traces with them."""
+    return dict(
+        sharding_strategy=plugin.sharding_strategy, cpu_offload=plugin.cpu_offload,
+        auto_wrap_policy=(lambda module, recurse, nonwrapped_numel: True if recurse
+                          else decide(module, nonwrapped_numel)) if decide is not None else None,
+        backward_prefetch=plugin.backward_prefetch, mixed_precision=plugin.mixed_precision_policy,
+        param_init_fn=plugin.param_init_fn, sync_module_states=bool(plugin.sync_module_states),
+        forward_prefetch=bool(plugin.forward_prefetch), limit_all_gathers=plugin.limit_all_gathers,
+        use_orig_params=bool(plugin.use_orig_params),
+        device_id=device if device.type == "cpu" else device.index,
+    )
 
 
 class FSDP1Strategy(FSDP2Strategy):
@@ -66,16 +84,8 @@ class FSDP1Strategy(FSDP2Strategy):
         strategy = self.plugin.sharding_strategy
         if hybrid and strategy not in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
             strategy = ShardingStrategy.HYBRID_SHARD  # dp_replicate x dp_shard: shard within, replicate across
-        options = dict(
-            sharding_strategy=strategy, cpu_offload=self.plugin.cpu_offload,
-            auto_wrap_policy=(lambda module, recurse, nonwrapped_numel: True if recurse
-                              else decide(module, nonwrapped_numel)) if decide is not None else None,
-            backward_prefetch=self.plugin.backward_prefetch, mixed_precision=self.plugin.mixed_precision_policy,
-            param_init_fn=self.plugin.param_init_fn, sync_module_states=bool(self.plugin.sync_module_states),
-            forward_prefetch=bool(self.plugin.forward_prefetch), limit_all_gathers=self.plugin.limit_all_gathers,
-            use_orig_params=bool(self.plugin.use_orig_params),
-            device_id=self.processes.device if self.processes.device.type == "cpu" else self.processes.device.index,
-        )
+        options = wrapper_options(self.plugin, decide, self.processes.device)
+        options["sharding_strategy"] = strategy
         if hybrid:
             options["device_mesh"] = layout.mesh["dp_replicate", "dp_shard"]
         elif layout.world_size != layout.dp_shard:
