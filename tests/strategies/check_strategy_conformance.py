@@ -51,7 +51,9 @@ STRATEGIES = {
                    "FSDP2Strategy"),  # full files gathered to the main process
     "fsdp2_bf16": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy="bf16")},
                    "FSDP2Strategy"),  # bf16 compute and reductions, fp32 master weights: BF16_TOLERANCE
-    "fsdp2_config": (2, {"parallelism_config": ParallelismConfig(dp_shard_size=2)}, "FSDP2Strategy"),
+    # FSDP2 from a ParallelismConfig on 4 processes: it loads the 2-process fsdp2_bf16's shards (2 -> 4) and the
+    # 2-process FSDP runs load its own (4 -> 2: test_strategy_conformance.CROSS_LOADS)
+    "fsdp2_config": (4, {"parallelism_config": ParallelismConfig(dp_shard_size=4)}, "FSDP2Strategy"),
     "fsdp1": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=1)}, "FSDP1Strategy"),  # full files
     "fsdp1_sharded": (2, {"fsdp_plugin": FullyShardedDataParallelPlugin(
         fsdp_version=1, use_orig_params=True, state_dict_type="SHARDED_STATE_DICT")}, "FSDP1Strategy"),

@@ -73,9 +73,9 @@ def test_the_first_strategy_loads_the_last_strategys_checkpoint(work, first, las
     assert f"ok: {first} loaded {last}'s checkpoint" in result.stdout, result.stdout
 
 
-# Sharded checkpoints reshard: besides the chain above (2 -> 4 -> 1 processes), load on 2 what 1 and 4 processes
-# saved, under both FSDP versions.
-CROSS_LOADS = [("fsdp2", "single"), ("fsdp2", "hsdp"), ("fsdp1_sharded", "hsdp")]
+# Sharded checkpoints reshard: besides the chain above (where fsdp2_config loads FSDP2's shards of 2 processes on 4,
+# and the next line those of 4 on 2), load on 2 what 1 and 4 processes saved, under both FSDP versions.
+CROSS_LOADS = [("fsdp2", "single"), ("fsdp2", "fsdp2_config"), ("fsdp2", "hsdp"), ("fsdp1_sharded", "hsdp")]
 CROSS_LOADS += [("single", "tp"), ("tp", "fsdp2")]  # TP=2 shards on one process; full FSDP files split over tp
 if "zero3" in STRATEGIES:  # an FSDP run loads ZeRO-3 partitions; a ZeRO-2 offload engine its sibling's own files
     CROSS_LOADS += [("fsdp2", "zero3"), ("zero2_offload", "zero2"), ("zero3_bf16", "hsdp")]
