@@ -2,6 +2,7 @@
 
     python bench/bench_sharded_checkpoint.py [--processes 2 4 8 16] [--pairs 30] [--layers 16] [--width 1024]
     python bench/bench_sharded_checkpoint.py --processes 4 --widths 512 1024 2048   # a model-size axis
+    python bench/bench_sharded_checkpoint.py --async_stall [--processes ...]         # async save's stall
 
 One ``hasten launch -n N`` per process count (``worker_launch.py``: under the multi-process tests' lock). In it an FSDP2 model
 (``layers`` x Linear(width, width)) with AdamW, after one step, is saved and loaded ``pairs`` times by each variant
@@ -16,7 +17,13 @@ in turn, the order alternating pair by pair:
 A variant's time is the slowest rank's (each rank times itself between two barriers; the maximum is taken); the
 previous folders are removed and the page cache's dirty pages written back (``os.sync``) outside the timing.
 Reported per process count: the median of each variant and the median of the per-pair ratios hasten / dcp.
-Target: ratio <= 1.1 at every process count, and no worse at 16 than at 2. Files go to ``BENCH_CHECKPOINT_DIR``
+Target: ratio <= 1.1 at every process count, and no worse at 16 than at 2.
+
+``--async_stall``: instead, in each pair, hasten's synchronous ``save_state`` against the time the loop is blocked by
+``save_state(async_save=True)`` (until it returns; the checkpoint is then completed, untimed, with
+``wait_for_checkpoint``), and ``async+step``: the same followed at once by the optimizer's step, which waits for the
+parameters and moments to be copied (the worst case: a real loop runs a forward and a backward first). Target:
+stall <= 0.05x the synchronous save at every process count. Files go to ``BENCH_CHECKPOINT_DIR``
 (default: a temporary folder). ``--json PATH`` writes the rows; ``--plot PATH`` draws the ratios against the
 number of processes, or with ``--widths`` against the checkpoint's size (matplotlib).
 """
@@ -50,7 +57,7 @@ def _timed_on_every_rank(function) -> float:
     return float(elapsed.item())
 
 
-def worker(out: Path, pairs: int, layers: int, width: int) -> None:
+def worker(out: Path, pairs: int, layers: int, width: int, async_stall: bool = False) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -100,6 +107,26 @@ def worker(out: Path, pairs: int, layers: int, width: int) -> None:
     def hasten_load() -> float:
         return _timed_on_every_rank(lambda: accelerator.load_state(os.path.join(work, "hasten")))
 
+    def hasten_async(then_step: bool) -> float:
+        folder = fresh("hasten_async")
+        stall = _timed_on_every_rank(lambda: (accelerator.save_state(folder, async_save=True),
+                                              optimizer.step() if then_step else None))
+        accelerator.wait_for_checkpoint()  # untimed: the files are written in the background
+        return stall
+
+    if async_stall:
+        hasten_save(), hasten_async(False)  # warm-up: the first async save allocates its CPU copy
+        times = {name: [] for name in ("sync", "async", "async_step")}
+        for pair in range(pairs):
+            runs = [("sync", hasten_save), ("async", lambda: hasten_async(False)),
+                    ("async_step", lambda: hasten_async(True))]
+            for name, function in runs if pair % 2 == 0 else runs[::-1]:
+                times[name].append(function())
+        if accelerator.is_main_process:
+            out.write_text(json.dumps(times))
+            shutil.rmtree(work, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        return
     hasten_save(), dcp_save(), hasten_load(), dcp_load()  # warm-up: imports, first allocations
     times: dict = {name: [] for name in ("dcp_save", "hasten_save", "dcp_load", "hasten_load")}
     for pair in range(pairs):
@@ -114,10 +141,11 @@ def worker(out: Path, pairs: int, layers: int, width: int) -> None:
     accelerator.wait_for_everyone()
 
 
-def run(processes: int, pairs: int, layers: int, width: int) -> dict:
+def run(processes: int, pairs: int, layers: int, width: int, async_stall: bool = False) -> dict:
     """One launch of ``processes`` ranks; the per-variant times of every pair."""
     return launch_worker(__file__, "sharded", label=f"sharded-{processes}", processes=processes,
-                         args=("--pairs", str(pairs), "--layers", str(layers), "--width", str(width)))
+                         args=("--pairs", str(pairs), "--layers", str(layers), "--width", str(width),
+                               *(("--async_stall",) if async_stall else ())))
 
 
 def state_megabytes(layers: int, width: int) -> float:
@@ -134,6 +162,16 @@ def summarise(processes: int, times: dict, layers: int, width: int) -> list:
                      "state_mb": state_megabytes(layers, width),
                      "hasten_median_s": statistics.median(ours), "dcp_median_s": statistics.median(plain),
                      "median_pair_ratio": statistics.median(ratios)})
+    return rows
+
+
+def summarise_async(processes: int, times: dict, layers: int, width: int) -> list:
+    rows = []
+    for variant in ("async", "async_step"):
+        ratios = [a / b for a, b in zip(times[variant], times["sync"])]
+        rows.append({"processes": processes, "operation": f"{variant} stall", "pairs": len(ratios), "width": width,
+                     "state_mb": state_megabytes(layers, width), "hasten_median_s": statistics.median(times[variant]),
+                     "sync_median_s": statistics.median(times["sync"]), "median_pair_ratio": statistics.median(ratios)})
     return rows
 
 
@@ -167,32 +205,35 @@ def main(argv=None) -> list:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--widths", type=int, nargs="+", default=None,
                         help="a model-size axis instead: these widths, at the first of --processes")
+    parser.add_argument("--async_stall", action="store_true",
+                        help="the stall of save_state(async_save=True) against a synchronous save_state")
     parser.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)  # WORKER OUT (worker_launch.py)
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(Path(args.worker[1]), args.pairs, args.layers, args.width)
+        worker(Path(args.worker[1]), args.pairs, args.layers, args.width, args.async_stall)
         return []
     rows = []
     layouts = ([(args.processes[0], width) for width in args.widths] if args.widths
                else [(processes, args.width) for processes in args.processes])
     for processes, width in layouts:
-        found = summarise(processes, run(processes, args.pairs, args.layers, width), args.layers, width)
+        times = run(processes, args.pairs, args.layers, width, args.async_stall)
+        found = (summarise_async if args.async_stall else summarise)(processes, times, args.layers, width)
         for row in found:
+            other = ("sync", "sync_median_s") if args.async_stall else ("dcp", "dcp_median_s")
             print(f"{row['processes']:>3} processes  {row['state_mb']:7.0f} MB  {row['operation']}  "
-                  f"hasten {row['hasten_median_s']:.3f} s  "
-                  f"dcp {row['dcp_median_s']:.3f} s  median pair ratio {row['median_pair_ratio']:.2f}x "
-                  f"({row['pairs']} pairs)", flush=True)
+                  f"hasten {row['hasten_median_s']:.3f} s  {other[0]} {row[other[1]]:.3f} s  "
+                  f"median pair ratio {row['median_pair_ratio']:.3f}x ({row['pairs']} pairs)", flush=True)
         rows += found
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
-    if args.plot:
+    if args.plot and not args.async_stall:
         plot(rows, args.plot)
     # bench/run_all.py's measure rows: a value and a ratio each
     return [{"benchmark": f"{row['operation']} at {row['processes']} processes, {row['state_mb']:.0f} MB",
-             "variant": "hasten vs plain DCP",
-             "value": f"{row['hasten_median_s']:.3f} s vs {row['dcp_median_s']:.3f} s",
+             "variant": "hasten vs its synchronous save" if args.async_stall else "hasten vs plain DCP",
+             "value": f"{row['hasten_median_s']:.3f} s vs {row.get('dcp_median_s', row.get('sync_median_s')):.3f} s",
              "ratio": row["median_pair_ratio"]} for row in rows]
 
 
