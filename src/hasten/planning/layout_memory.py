@@ -8,8 +8,7 @@ How each layout is modelled (docs/plan.md has the same list for users):
 - ``fsdp2``, ``hsdp``, ``fsdp2_tp``, ``cp``: hasten's own FSDP2 sharding traced over the fake process group at the
   number of shards (HSDP: the processes of one machine, that mesh replicated across the machines; with tensor
   parallelism, of the narrowed model each rank computes; with context parallelism, each rank's share of the
-  sequence). ``fsdp2_offload`` moves the shards of
-  parameters, gradients and optimizer state to host memory.
+  sequence). ``fsdp2_offload`` moves the shards of parameters, gradients and optimizer state to host memory.
 - ``fsdp1``: FSDP1 itself traced over the fake process group, with the options of the config the plan writes
   (``fsdp1_memory.py``).
 - ``tp``: the model narrowed to one rank's heads and MLP width (the replicated parts and the all-reduced outputs full

@@ -23,10 +23,11 @@ from torch import nn
 
 from .torch_tools import memory_tracker, peak_by_category
 
-__all__ = ["MemoryBreakdown", "training_step_memory", "run_steps", "highest", "check_step_arguments",
+__all__ = ["MemoryBreakdown", "training_step_memory", "run_steps", "highest", "check_step_arguments", "AUTOCAST_DTYPES",
            "default_loss"]
 
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: the mixed precisions traced under autocast, and their dtype
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def training_step_memory(build_model: Callable[[], nn.Module], make_batch: Calla
 
 def check_step_arguments(mixed_precision: str, steps: int) -> None:
     """Refuse, before anything is built, a precision or a number of steps the planner cannot run."""
-    if mixed_precision not in ("no", *_AUTOCAST):
+    if mixed_precision not in ("no", *AUTOCAST_DTYPES):
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}.")
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}.")
@@ -135,7 +136,7 @@ def run_steps(model: nn.Module, optim: torch.optim.Optimizer, tracker: Any, make
             for _ in range(micro_batches):
                 del batch, output  # the previous micro-batch's, before the next forward
                 batch = make_batch()
-                autocast = (torch.autocast("cpu", dtype=_AUTOCAST[mixed_precision]) if mixed_precision != "no"
+                autocast = (torch.autocast("cpu", dtype=AUTOCAST_DTYPES[mixed_precision]) if mixed_precision != "no"
                             else contextlib.nullcontext())
                 with autocast:
                     output = _call(model, batch)

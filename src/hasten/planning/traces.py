@@ -21,7 +21,7 @@ from .fsdp1_memory import fsdp1_step_memory
 from .launch_config import FSDP1_OPTIONS
 from .model_source import ModelSource, PlanInputError
 from .sharded_memory import fsdp2_step_memory
-from .step_memory import MemoryBreakdown, highest, training_step_memory
+from .step_memory import AUTOCAST_DTYPES, MemoryBreakdown, highest, training_step_memory
 
 __all__ = ["StepShape", "Tracer", "OPTIMIZERS", "extend"]
 
@@ -39,8 +39,6 @@ OPTIMIZERS = {
 }
 #: bytes of bitsandbytes' 8-bit Adam state per parameter: two 8-bit moments and a float32 scale per block of 256
 ADAM8BIT_STATE = 2 * (1 + 4 / 256)
-#: the mixed precisions whose forward prepare() wraps in autocast, its outputs converted to float32
-_AUTOCAST_MODES = ("bf16", "fp16")
 #: optimizer steps traced: the first creates the optimizer state, the second runs with it (the steady state)
 STEPS = 2
 
@@ -121,11 +119,15 @@ class Tracer:
                  checkpointed: bool) -> Callable[[], nn.Module]:
         def build() -> nn.Module:
             model = self.source.build(depth, narrowed_by, weights_dtype or torch.float32)
-            if weights_dtype is None and self.shape.mixed_precision in _AUTOCAST_MODES:
+            dtype = AUTOCAST_DTYPES.get(self.shape.mixed_precision)
+            if weights_dtype is None and dtype is not None:
                 from ..precision.autocast import MixedPrecision
 
-                # as every strategy's prepare() does: the forward under autocast, its outputs made float32
-                model = MixedPrecision(self.shape.mixed_precision, torch.device("cpu")).wrap_forward(model)
+                # as every strategy's prepare() does: the forward under autocast, its outputs made float32 (the
+                # bf16 precision given the run's dtype: an fp16 one would build a loss scaler and warn about fp16
+                # on CPUs, neither of which is the planned run's)
+                precision = MixedPrecision("bf16", torch.device("cpu"), autocast_kwargs={"dtype": dtype})
+                model = precision.wrap_forward(model)
             if checkpointed:
                 from ..strategies.fsdp.wrapping import apply_activation_checkpointing, wrap_policy, wrap_units
 
@@ -200,10 +202,8 @@ class Tracer:
 
         def trace_at(micro: int) -> Callable[[Optional[int]], dict]:
             def trace(depth: Optional[int]) -> dict:
-                from ..config.fsdp import FullyShardedDataParallelPlugin
-
-                plugin = self.fsdp_plugin(shape.activation_checkpointing) if units else \
-                    FullyShardedDataParallelPlugin(fsdp_version=2)
+                # without units: fsdp2_step_memory's default, the plugin prepare() uses without one
+                plugin = self.fsdp_plugin(shape.activation_checkpointing) if units else None
                 return fsdp2_step_memory(self._builder(depth, narrowed_by, None, False), self._batch(micro, length),
                                          world_size=world, fsdp_plugin=plugin, optimizer=self.sharded_optimizer,
                                          mixed_precision=shape.mixed_precision, steps=STEPS,
