@@ -4,7 +4,10 @@ Without this, a process that fails (a full disk, an object that cannot be saved)
 wait at the next barrier until the process group's timeout. Here each process runs its part, then all
 exchange one line of outcome; the failing process raises its own error, the others an error that names the
 process and what went wrong there. When no phase hands in a report, the exchange starts with one all-reduce of a
-failure flag (a few bytes, no pickling); the lines are gathered only when some process failed.
+failure flag (a few bytes, no pickling); the lines are gathered only when some process failed. The lines are
+hasten's own (an outcome, a small report), so they are exchanged with ``torch.distributed``'s plain object gather,
+without the argument checks of the collectives users call, over the group of the processes taking part (the run's
+default group, or the one an asynchronous save agrees on in its background thread).
 """
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 import torch
 import torch.distributed as dist
 
-from ..collectives.operations import gather_object
 from ..collectives.process_view import group_of
 from ..state import PartialState
 from .errors import CheckpointError
@@ -24,6 +26,15 @@ if TYPE_CHECKING:
 __all__ = ["together", "together_reporting", "raise_if_any_failed", "gather_failures"]
 
 T = TypeVar("T")
+
+
+def _gathered(item: Any, state) -> list:
+    """Collective: ``item`` of every process of ``state``, in process order."""
+    if not state.use_distributed:
+        return [item]
+    everyone: list = [None] * state.num_processes
+    dist.all_gather_object(everyone, item, group=group_of(state))
+    return everyone
 
 
 def _some_failed(failed: bool, state) -> bool:
@@ -38,12 +49,9 @@ def gather_failures(error: Optional[BaseException],
     """Collective: ``(process, error type name, message)`` of every process whose ``error`` is not None."""
     state = processes or PartialState()
     outcome = None if error is None else (type(error).__name__, str(error))
-    if not state.use_distributed:
-        outcomes = [outcome]
-    elif not _some_failed(error is not None, state):
+    if state.use_distributed and not _some_failed(error is not None, state):
         return []
-    else:
-        outcomes = gather_object([outcome])
+    outcomes = _gathered(outcome, state)
     return [(index, found[0], found[1]) for index, found in enumerate(outcomes) if found is not None]
 
 
@@ -63,7 +71,7 @@ def raise_if_any_failed(error: Optional[BaseException], during: str, processes: 
         if error is not None:
             raise error
         return
-    _raise_first(error, gather_failures(error), during)
+    _raise_first(error, gather_failures(error, processes), during)
 
 
 def together(during: str, function: Callable[..., T], *args: Any, processes: Optional[ProcessView] = None,
@@ -91,7 +99,7 @@ def together_reporting(during: str, function: Callable[..., T], *args: Any, repo
     except Exception as caught:  # noqa: BLE001 - raised below, once every process knows
         error = caught
         mine = ((type(caught).__name__, str(caught)), None)
-    exchanged = gather_object([mine]) if state.use_distributed else [mine]
+    exchanged = _gathered(mine, state)
     failures = [(index, outcome[0], outcome[1]) for index, (outcome, _) in enumerate(exchanged) if outcome]
     _raise_first(error, failures, during)
     return result, [found for _, found in exchanged]

@@ -1,19 +1,22 @@
 """``save_state(..., async_save=True)``: the checkpoint is written while training continues.
 
-What runs before ``save_state`` returns (on the calling thread, with every collective step on the default
-process group, exactly as a synchronous save): agreeing on the folder, claiming the staging folder, the save
-hooks, and the snapshot, whose tensors are *copied* to CPU memory (``staged_copy``): all of them but the
-parameters and optimizer state, which the background thread copies first, before the prepared optimizers' next
-step (which waits for it: ``_Staging``), so the training loop goes on at once.
+What runs before ``save_state`` returns, on the calling thread, with no collective: the snapshot, whose tensors are
+*copied* to CPU memory (``staged_copy``): all of them but the parameters and optimizer state, which the background
+thread copies first, before the prepared optimizers' next step (which waits for it: ``_Staging``), so the training
+loop goes on at once without waiting for any other process.
 
-What runs afterwards, in one background thread per process (``PendingSave``): writing this process's files
-into the staging folder (flushed to disk, checksummed), then the completion. The background threads never
-touch the default process group (the training loop's collectives run there, and two threads issuing
-collectives on one group would interleave in a different order on each process and hang): they agree on a
-dedicated gloo group created once, collectively, by the first asynchronous save (``completion_group``).
-Once every process's files are on disk the main process writes the completion marker, last, renames the
-staging folder into place and applies ``total_limit``. A process that dies before that leaves the staging
-folder, which is never loaded: the previous checkpoint stays the newest.
+What runs afterwards, in one background thread per process (``PendingSave``), the same steps as a synchronous save,
+each agreed on by every process: that every snapshot was taken, staging the folder, writing this process's files
+into it (flushed to disk, checksummed), then the completion. The background threads never touch the default process
+group (the training loop's collectives run there, and two threads issuing collectives on one group would interleave
+in a different order on each process and hang): they agree on a dedicated gloo group created once, collectively, by
+the first asynchronous save (``completion_group``). Once every process's files are on disk the main process writes
+the completion marker, last, renames the staging folder into place and applies ``total_limit``. A process that dies
+before that leaves the staging folder, which is never loaded: the previous checkpoint stays the newest. A process
+whose snapshot fails raises at once; the others raise at their next save, load or ``wait_for_checkpoint``.
+
+With save hooks (user code that writes into the staging folder, collectively, on the calling thread) the folder is
+staged and the hooks run before ``save_state`` returns, agreed on over the default group as in a synchronous save.
 
 At most one save is pending per process. The next ``save_state``, ``load_state``, ``wait_for_everyone`` and
 ``Accelerator.wait_for_checkpoint`` wait for it first, and raise ``CheckpointError`` if it failed; a pending
@@ -32,8 +35,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from ..collectives.process_view import ProcessView
 from ..state import PartialState
-from .checksums import noted_under
+from .agreement import together
 from .errors import CheckpointError
 from .weights import _alias_key
 
@@ -41,7 +45,7 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = ["detached_copy", "staged_copy", "copy_now", "optimizer_storage", "changed_in_forward",
-           "release_snapshot_memory", "completion_group", "PendingSave", "WriteNow",
+           "release_snapshot_memory", "completion_group", "completion_view", "PendingSave", "SaveSteps", "WriteNow",
            "WriteInBackground", "start", "wait_for_pending", "pending"]
 
 logger = logging.getLogger(__name__)
@@ -53,12 +57,31 @@ _pending: Optional["PendingSave"] = None
 
 # ----------------------------------------------------------------------------- the snapshot's copy
 _buffers: list = []  # CPU tensors of the previous snapshot, reused by the next one (see detached_copy)
+_shards: dict = {}  # id(buffer) -> (buffer, mesh, placements, shape, stride, the DTensor wrapping it), reused too
+_IMMUTABLE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
 
 
 def release_snapshot_memory() -> None:
     """Free the CPU copy that asynchronous saves keep for the next one (waits for a pending save first)."""
     wait_for_pending()
     _buffers.clear()
+    _shards.clear()
+
+
+def _wrapped(local: torch.Tensor, tensor: Any, reuse: bool) -> Any:
+    """``local`` (the copy of DTensor ``tensor``'s shard) as a DTensor of ``tensor``'s mesh, placements and global
+    shape; with ``reuse``, the one the previous snapshot built around the same buffer when nothing changed (building
+    one costs more than copying a small shard)."""
+    from torch.distributed.tensor import DTensor
+
+    mesh, placements, shape, stride = tensor.device_mesh, tensor.placements, tensor.shape, tensor.stride()
+    found = _shards.get(id(local)) if reuse else None
+    if found is not None and found[0] is local and found[1] is mesh and found[2:5] == (placements, shape, stride):
+        return found[5]
+    result = DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
+    if reuse:
+        _shards[id(local)] = (local, mesh, placements, shape, stride, result)
+    return result
 
 
 def _buffer(index: int, tensor: torch.Tensor, reuse: bool) -> torch.Tensor:
@@ -118,17 +141,13 @@ def staged_copy(obj: Any, reuse: bool = False, later: frozenset = frozenset()) -
             memo[key] = result
         return result
 
-    def copy_shard(tensor) -> Any:
-        """A DTensor: its local shard copied, wrapped again with the same mesh and placements."""
-        from torch.distributed.tensor import DTensor
-
-        local = copy_tensor(tensor.to_local())
-        return DTensor.from_local(local, tensor.device_mesh, tensor.placements, run_check=False,
-                                  shape=tensor.shape, stride=tensor.stride())
-
     def walk(value: Any) -> Any:
+        if isinstance(value, _IMMUTABLE):
+            return value
         if isinstance(value, torch.Tensor):
-            return copy_shard(value) if hasattr(value, "device_mesh") else copy_tensor(value)
+            if hasattr(value, "device_mesh"):  # a DTensor: its local shard copied, wrapped again the same way
+                return _wrapped(copy_tensor(_local(value)), value, reuse)
+            return copy_tensor(value)
         if isinstance(value, dict):
             copied = {key: walk(item) for key, item in value.items()}
             if type(value) is dict:
@@ -151,6 +170,15 @@ def staged_copy(obj: Any, reuse: bool = False, later: frozenset = frozenset()) -
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     return result, left
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this process (its ``_local_tensor``: what ``to_local()`` returns, without the autograd
+    call that costs more than copying a small shard), or ``tensor`` itself."""
+    local = getattr(tensor, "_local_tensor", None)
+    if isinstance(local, torch.Tensor):
+        return local
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def _storage_address(tensor: torch.Tensor) -> int:
@@ -179,7 +207,7 @@ def changed_in_forward(models: list) -> frozenset:
         for module in model.modules():
             if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.max_norm is not None:
                 weight = module.weight
-                found.add(_storage_address(weight.to_local() if hasattr(weight, "to_local") else weight))
+                found.add(_storage_address(_local(weight)))
     return frozenset(found)
 
 
@@ -190,11 +218,11 @@ def optimizer_storage(optimizers: list) -> frozenset:
         inner = getattr(optimizer, "optimizer", optimizer)
         for group in getattr(inner, "param_groups", []):
             for parameter in group["params"]:
-                local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+                local = _local(parameter)
                 found.add(_storage_address(local))
                 for value in inner.state.get(parameter, {}).values():
                     if isinstance(value, torch.Tensor):
-                        value = value.to_local() if hasattr(value, "to_local") else value
+                        value = _local(value)
                         found.add(_storage_address(value))
     found.discard(-1)
     return frozenset(found)
@@ -247,56 +275,35 @@ def completion_group() -> Optional[ProcessGroup]:
         return _group
 
 
-def _agree(group, error: Optional[BaseException], during: str) -> Optional[BaseException]:
-    """Exchange outcomes over ``group``: this process's error, or an error naming the process that failed."""
+def completion_view() -> Optional[ProcessView]:
+    """Collective on the first call (see ``completion_group``): every process seen over that group, with CPU
+    tensors (gloo) and each process's place on its machine; None when this is a single process."""
+    group = completion_group()
     if group is None:
-        return error
+        return None
     import torch.distributed as dist
 
-    outcome = None if error is None else (type(error).__name__, str(error))
-    everyone: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, outcome, group=group)
-    if error is not None:
-        return error
-    for index, found in enumerate(everyone):
-        if found is not None:
-            return CheckpointError(f"{during} failed on process {index} (so it stops here too): "
-                                   f"{found[0]}: {found[1]}")
-    return None
+    state = PartialState()
+    return ProcessView(group=group, num_processes=dist.get_world_size(group), process_index=dist.get_rank(group),
+                       device=torch.device("cpu"), backend="gloo", local_process_index=state.local_process_index)
 
 
 # ----------------------------------------------------------------------------- the pending save
 class PendingSave:
-    """One save whose files are written by a background thread (see the module docstring): ``write()``, then,
-    once every process of ``group`` (None: this one alone) wrote its files, ``complete()``; ``abandon(error)`` when
-    writing failed anywhere."""
+    """One save that ``work()`` finishes in a background thread; its error, if any, is kept for
+    ``wait_for_pending`` to raise."""
 
-    def __init__(self, folder: Path, write: Callable[[], None], complete: Callable[[], None],
-                 abandon: Callable[[BaseException], None], group: Optional[ProcessGroup]):
+    def __init__(self, folder: Path, work: Callable[[], None]):
         self.folder = folder
-        self._write, self._complete, self._abandon, self._group = write, complete, abandon, group
+        self._work = work
         self.error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="hasten-async-save", daemon=True)
 
     def _run(self) -> None:
         try:
-            error = None
-            try:
-                self._write()
-            except BaseException as failure:  # noqa: BLE001 - agreed on, then reported by wait()
-                error = failure
-            error = _agree(self._group, error, "writing the checkpoint")
-            if error is not None:
-                self._abandon(error)
-                self.error = error
-                return
-            try:
-                self._complete()
-            except BaseException as failure:  # noqa: BLE001
-                error = failure
-            self.error = _agree(self._group, error, "completing the checkpoint")
-        except BaseException as failure:  # noqa: BLE001 - e.g. the group went away: never completes
-            self.error = self.error or failure
+            self._work()
+        except BaseException as failure:  # noqa: BLE001 - raised by wait_for_pending, on the caller's thread
+            self.error = failure
 
     def start(self) -> None:
         self._thread.start()
@@ -309,49 +316,88 @@ class PendingSave:
 
 
 # ----------------------------------------------------------------------------- now, or in the background
+@dataclasses.dataclass(frozen=True)
+class SaveSteps:
+    """One save's steps, as ``saving.py`` builds them, for ``WriteNow.run`` / ``WriteInBackground.run``."""
+
+    folder: Path  # the checkpoint's final folder
+    processes: Optional[ProcessView]  # who takes part (None: every process, over the run's default group)
+    prepare: Callable[[Optional[ProcessView]], Any]  # stages the folder, agreed on by those processes: the transaction
+    run_hooks: Callable[[Path], None]  # the save hooks, into the staging folder
+    write: Callable[[Any, Path], None]  # (transaction, staging folder): this process's files
+    complete: Callable[[Any], None]  # (transaction): every process, once all wrote their files
+    failed: Callable[[BaseException], None]  # told when a background save fails, after its folder is removed
+
+
 class WriteNow:
-    """A synchronous save's writing: the snapshot as taken, the save hooks and the files written on the calling
-    thread, then the checkpoint completed, each step agreed on by every process (``SaveTransaction``)."""
+    """A synchronous save's writing: the snapshot as taken, the folder staged, the save hooks and the files written
+    on the calling thread, then the checkpoint completed, each step agreed on by every process
+    (``SaveTransaction``)."""
 
     group = None  # the writers' collectives use the run's default group
 
-    def copy(self, snapshot: Any, optimizers: list = (), hooks: bool = False, models: list = ()) -> Any:
+    def take(self, during: str, function: Callable[[], Any], processes: Optional[ProcessView]) -> Any:
+        """``function()`` (the snapshot), agreed on by ``processes`` at once (``agreement.together``)."""
+        return together(during, function, processes=processes)
+
+    def copy(self, snapshot: Any, optimizers: list = (), models: list = ()) -> Any:
         return snapshot
 
-    def run(self, transaction: Any, run_hooks: Callable[[Path], None], write: Callable[[Path], None],
-            complete: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
-        """Write, then ``complete()`` on every process (the writer of the shared files completes the checkpoint
-        in it). A failure raises here, to the caller, which reports it (``failed`` is not needed)."""
+    def run(self, steps: SaveSteps) -> None:
+        """Stage, write, then ``complete`` on every process (the writer of the shared files completes the
+        checkpoint in it). A failure raises here, to the caller, which reports it (``failed`` is not needed)."""
+        transaction = steps.prepare(steps.processes)
+
         def hooks_then_write(staging: Path) -> None:
-            run_hooks(staging)
-            write(staging)
+            steps.run_hooks(staging)
+            steps.write(transaction, staging)
 
         transaction.write(hooks_then_write)
-        transaction.complete(complete)
+        transaction.complete(lambda: steps.complete(transaction))
 
-    def finish_alone(self, folder: Path, finish: Callable[[], None],
-                     abandon: Callable[[BaseException], None]) -> None:
+    def finish_alone(self, folder: Path, finish: Callable[[], None]) -> None:
         """A step of this process only (adding its files to a checkpoint the main process wrote): now."""
         finish()
 
 
 class WriteInBackground:
-    """An asynchronous save's writing, the same steps as ``WriteNow`` around the same format: the snapshot copied
-    to CPU memory (``staged_copy``: the parameters and optimizer state by the background thread, before the
-    optimizers' next step), the save hooks on the calling thread, then writing and completing in a background
-    thread (``PendingSave``) that agrees on a gloo group of its own (``completion_group``). ``every_process``:
-    every process takes part (else this one alone: no group)."""
+    """An asynchronous save's writing, the same steps as ``WriteNow`` around the same format, with only the
+    snapshot taken on the calling thread: copied to CPU memory (``staged_copy``; the parameters and optimizer state
+    by the background thread, before the optimizers' next step), then everything else in a background thread
+    (``PendingSave``): agreeing that every process took its snapshot, staging the folder, writing, completing,
+    each step agreed on over a gloo group of its own (``completion_view``), so ``save_state`` returns without
+    waiting for any other process. With save ``hooks`` (user code, run collectively on the calling thread, which
+    writes into the staged folder) the folder is staged and the hooks run before ``save_state`` returns, and the
+    snapshot is copied whole. ``every_process``: every process takes part (else this one alone: no group)."""
 
-    def __init__(self, every_process: bool):
-        self.group = completion_group() if every_process else None  # collective, on the first async save
+    def __init__(self, every_process: bool, hooks: bool = False):
+        self.view = completion_view() if every_process else None  # collective, on the first async save
+        self.group = self.view.group if self.view is not None else None
+        self.hooks = hooks
         self._left: list = []
         self._optimizers: list = []
 
-    def copy(self, snapshot: Any, optimizers: list = (), hooks: bool = False, models: list = ()) -> Any:
+    def take(self, during: str, function: Callable[[], Any], processes: Optional[ProcessView]) -> Any:
+        """``function()`` (the snapshot). With hooks, agreed on at once, as ``WriteNow`` does; else the background
+        thread agrees on it (``run``), and a process whose snapshot failed agrees from here and raises at once
+        (the others raise at their next save, load or ``wait_for_checkpoint``)."""
+        if self.hooks:
+            return together(during, function, processes=processes)
+        try:
+            return function()
+        except Exception as error:  # noqa: BLE001 - the others hear of it in their background thread
+            failure = error
+
+        def fail() -> None:
+            raise failure
+
+        return together(during, fail, processes=self.view or processes)  # raises ``failure``, once all know
+
+    def copy(self, snapshot: Any, optimizers: list = (), models: list = ()) -> Any:
         """The snapshot's copy, with the parameters' and ``optimizers``' state left for the background thread to
-        copy before the optimizers' next step (``staged_copy``); all of it now when save ``hooks`` will read it,
-        and now the parameters of ``models`` that a forward changes (``changed_in_forward``)."""
-        later = optimizer_storage(list(optimizers)) - changed_in_forward(list(models)) if not hooks else frozenset()
+        copy before the optimizers' next step (``staged_copy``); all of it now when save hooks will read it, and
+        now the parameters of ``models`` that a forward changes (``changed_in_forward``)."""
+        later = frozenset() if self.hooks else optimizer_storage(list(optimizers)) - changed_in_forward(list(models))
         copied, self._left = staged_copy(snapshot, reuse=True, later=later)
         self._optimizers = list(optimizers)
         return copied
@@ -363,38 +409,36 @@ class WriteInBackground:
             self._left = []
             done.set()  # the optimizers' next step goes on (a failure is reported by the save)
 
-    def run(self, transaction: Any, run_hooks: Callable[[Path], None], write: Callable[[Path], None],
-            complete: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
-        """The hooks now (user code, collectively, on this thread); writing and ``complete()`` in the background.
-        ``failed(error)``: told when the background save fails, after the staging folder is removed."""
-        transaction.write(run_hooks, during="running the save hooks")
+    def run(self, steps: SaveSteps) -> None:
+        """With hooks: stage and run them now (collectively, on this thread). The rest in the background, agreed
+        on over ``completion_view`` (the given processes when this process saves alone)."""
+        transaction = None
+        if self.hooks:
+            transaction = steps.prepare(steps.processes)
+            transaction.write(steps.run_hooks, during="running the save hooks")
+        done = _staging.begin(self._optimizers) if self._left else None
+        view = self.view or steps.processes
 
-        def abandon(error: BaseException) -> None:
-            transaction.abandon()
-            failed(error)
-
-        def complete_or_report() -> None:
+        def finish() -> None:
+            nonlocal transaction
             try:
-                complete()
+                if transaction is None:
+                    together("collecting the state to save", lambda: self._copy_left(done) if done else None,
+                             processes=view)
+                    transaction = steps.prepare(view)
+                else:
+                    transaction.agree_over(view)
+                transaction.write(lambda staging: steps.write(transaction, staging))
+                transaction.complete(lambda: steps.complete(transaction))
             except BaseException as error:
-                failed(error)
+                steps.failed(error)
                 raise
 
-        done = _staging.begin(self._optimizers) if self._left else None
+        start(PendingSave(steps.folder, finish))
 
-        def copy_then_write() -> None:
-            if done is not None:
-                self._copy_left(done)
-            write(transaction.staging)
-            if not transaction.writes_shared_files:  # the marker's writer checksums these files itself here
-                noted_under(transaction.staging)
-
-        start(PendingSave(transaction.final, copy_then_write, complete_or_report, abandon, self.group))
-
-    def finish_alone(self, folder: Path, finish: Callable[[], None],
-                     abandon: Callable[[BaseException], None]) -> None:
+    def finish_alone(self, folder: Path, finish: Callable[[], None]) -> None:
         """A step of this process only, in the background (nothing to write: the files are staged already)."""
-        start(PendingSave(folder, lambda: None, finish, abandon, None))
+        start(PendingSave(folder, finish))
 
 
 def start(save: PendingSave) -> None:

@@ -145,7 +145,7 @@ def add_process_files(strategy: CheckpointingStrategy, targets: CheckpointTarget
         files.add(save_id)
 
     writing = background.WriteInBackground(every_process=False) if async_save else background.WriteNow()
-    writing.finish_alone(folder, finish, lambda error: files.abandon())
+    writing.finish_alone(folder, finish)
 
 
 def _record(folder: Path, marker: Optional[dict], process_index: int) -> Optional[dict]:

@@ -115,34 +115,40 @@ def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool,
     from . import async_save as background
 
     processes = participation.processes  # None: every process
-    state = processes or PartialState()
     handshake = participation.handshake
     save_id = uuid.uuid4().hex if handshake is not None else None
     if async_save and participation.alone and handshake is None:
         logger.info("save_state(async_save=True) on the main process alone writes synchronously (save_on_each_node).")
         async_save = False
     accepted = strategy.save_options_accepted
-    writing = background.WriteInBackground(every_process=processes is None) if async_save else background.WriteNow()
+    hooks = bool(targets.save_hooks)
+    writing = (background.WriteInBackground(every_process=processes is None, hooks=hooks) if async_save
+               else background.WriteNow())
     options = dict(save_model_func_kwargs) if accepted else {}  # this save's, for the backend's IO
-    snapshot = together("collecting the state to save",
-                        lambda: writing.copy(strategy.collect_checkpoint(targets, options), targets.optimizers,
-                                             hooks=bool(targets.save_hooks), models=targets.models),
-                        processes=processes)
-    if automatic:
-        together("cleaning the checkpoints folder",
-                 lambda: remove_stale_staging(folder.parent, saving=folder.name)
-                 if (state.is_local_main_process if project.save_on_each_node else state.is_main_process) else None,
-                 processes=processes)
-    transaction = SaveTransaction(folder, save_on_each_node=project.save_on_each_node, processes=processes,
-                                  own_folder=participation.own_folder)
-    transaction.begin()
-    logger.info("Saving the state to %s", folder)
+    snapshot = writing.take("collecting the state to save",
+                            lambda: writing.copy(strategy.collect_checkpoint(targets, options), targets.optimizers,
+                                                 models=targets.models),
+                            processes)
+
+    def prepare(view) -> SaveTransaction:
+        """The folder staged, every step agreed on by ``view`` (``processes``, or the background's group)."""
+        who = view or PartialState()
+        if automatic:
+            together("cleaning the checkpoints folder",
+                     lambda: remove_stale_staging(folder.parent, saving=folder.name)
+                     if (who.is_local_main_process if project.save_on_each_node else who.is_main_process) else None,
+                     processes=view)
+        transaction = SaveTransaction(folder, save_on_each_node=project.save_on_each_node, processes=view,
+                                      own_folder=participation.own_folder)
+        transaction.begin()
+        logger.info("Saving the state to %s", folder)
+        return transaction
 
     def run_hooks(staging: Path) -> None:
         targets.run_save_hooks(snapshot.weights, staging, strategy.unwrap)
         snapshot.recapture_rng()  # what the hooks drew counts: the run continues from here
 
-    def write(staging: Path) -> None:
+    def write(transaction: SaveTransaction, staging: Path) -> None:
         try:
             strategy.write_checkpoint(staging, snapshot, writes_shared_files=transaction.writes_shared_files,
                                       process_index=PartialState().process_index,
@@ -166,7 +172,7 @@ def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool,
     elif participation.alone:
         metadata["saved_alone"] = True  # save_on_each_node: the other processes' random states are not in it
 
-    def complete() -> None:
+    def complete(transaction: SaveTransaction) -> None:
         """Every process, once all wrote their files: the writer completes the checkpoint and applies
         ``total_limit``; the processes adding their own files hear the outcome."""
         if transaction.writes_shared_files:
@@ -182,6 +188,6 @@ def _write_checkpoint(strategy, targets, project, folder: Path, automatic: bool,
         if handshake is not None:
             handshake.publish_outcome(None, error)  # the processes adding their own files stop with an error too
 
-    writing.run(transaction, run_hooks, write, complete, failed)
+    writing.run(background.SaveSteps(folder, processes, prepare, run_hooks, write, complete, failed))
     project.iteration += 1
     return str(folder)

@@ -25,7 +25,9 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ..collectives.operations import broadcast_object_list
+import torch.distributed as dist
+
+from ..collectives.process_view import group_of
 from ..state import PartialState
 from .agreement import together, together_reporting
 from .checksums import noted_under
@@ -77,8 +79,9 @@ class SaveTransaction:
         # the main process's token and folder, in one exchange: a process given another folder (each process
         # saving into a temporary folder of its own, as some scripts do) writes a complete checkpoint there itself
         sent = [uuid.uuid4().hex, str(self.final)] if self.state.is_main_process else [None, None]
-        if self.state.use_distributed:
-            broadcast_object_list(sent)
+        if self.state.use_distributed:  # hasten's own values: torch's plain broadcast, over the processes taking part
+            group = group_of(self.state)
+            dist.broadcast_object_list(sent, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
         token, own_folder = sent[0], sent[1] != str(self.final)
         self.own_folder = self.own_folder or own_folder
         main = self.state.is_main_process or own_folder
@@ -99,6 +102,11 @@ class SaveTransaction:
         except BaseException:
             self.abandon()
             raise
+
+    def agree_over(self, processes: ProcessView) -> None:
+        """The rest of this save agrees over ``processes``: the same processes in the same order, on another group
+        (the one an asynchronous save's background thread uses, ``async_save.completion_view``)."""
+        self.processes = self.state = processes
 
     def _check_visible(self) -> None:
         if not self.staging.is_dir():

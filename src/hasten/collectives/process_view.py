@@ -31,6 +31,7 @@ class ProcessView:
     device: torch.device
     backend: Optional[str] = None
     debug: bool = False
+    local_process_index: Optional[int] = None  # on its machine, where the group spans machines; None: process_index
 
     @property
     def use_distributed(self) -> bool:
@@ -42,7 +43,7 @@ class ProcessView:
 
     @property
     def is_local_main_process(self) -> bool:
-        return self.process_index == 0
+        return (self.process_index if self.local_process_index is None else self.local_process_index) == 0
 
     @classmethod
     def alone(cls, state: Processes) -> ProcessView:

@@ -185,6 +185,35 @@ def sharded_checkpoints(work: Path) -> None:
         check(all(torch.equal(at_save[k], after_load[k]) for k in at_save),
               "an asynchronous sharded save holds the weights of the moment it was called")
 
+    class FailsOnProcessOne:  # a snapshot that fails on one process: save_state returns on the others
+        def state_dict(self):
+            if accelerator.process_index == 1:
+                raise RuntimeError("no state on process 1")
+            return {"calls": 1}
+
+        def load_state_dict(self, state):
+            pass
+
+    accelerator.register_for_checkpointing(FailsOnProcessOne())
+    if accelerator.process_index == 1:  # raises at once, once the others' background threads know
+        raises(RuntimeError, ["no state on process 1"],
+               lambda: accelerator.save_state(work / "failed", async_save=True))
+    else:  # returns without waiting for process 1; its next wait raises
+        accelerator.save_state(work / "failed", async_save=True)
+        raises(CheckpointError, ["process 1", "no state on process 1"], accelerator.wait_for_checkpoint)
+    accelerator._custom_objects.pop()
+    accelerator.wait_for_everyone()
+    check(not any("failed" in path.name for path in work.iterdir()), "a failed async save leaves no folder")
+    train_steps(accelerator, model, optimizer)
+    hook = accelerator.register_save_state_pre_hook(  # with save hooks: staged and run before save_state returns
+        lambda models, weights, folder: Path(folder, f"hook_{accelerator.process_index}.txt").write_text("ran"))
+    accelerator.save_state(work / "async", async_save=True)  # the next one completes, over the same group
+    hook.remove()
+    accelerator.wait_for_checkpoint()
+    check((work / "async" / f"hook_{accelerator.process_index}.txt").read_text() == "ran",
+          "an async save runs the save hooks into its folder, then completes in the background")
+    accelerator.load_state(work / "async")  # complete: every file in its marker, checksums and all
+
     other = nn.Sequential(nn.Linear(4, 3))
     AcceleratorState._reset_state()
     accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
