@@ -140,3 +140,36 @@ def test_a_stored_tensors_place_is_found_only_for_a_plain_tensor_and_nothing_nam
         entries.writestr("archive/data.pkl", b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR.")
         entries.writestr("archive/data/0", b"\0" * 8)
     assert stored_tensor(crafted, 0, len(crafted.getvalue())) is None and not marker.exists()
+
+
+def test_save_plans_are_kept_for_the_next_save_of_the_same_layout_and_another_dtype_is_planned_again(
+        tmp_path, monkeypatch):
+    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint.planner import SavePlanner
+
+    from hasten.checkpointing import sharded_io
+
+    if sharded_io.cached_plans_planner(states()) is None:
+        pytest.skip("this PyTorch's DCP has no save-plan caching")
+    for cache in ("_cached_all_plans", "_cached_global_plan", "_cached_metadata", "_cached_save_plan",
+                  "_cached_final_save_plan"):  # another test in this process may have saved this layout
+        monkeypatch.setattr(SavePlanner, cache, {})
+    planned = []
+    original = DefaultSavePlanner._create_global_plan
+    monkeypatch.setattr(DefaultSavePlanner, "_create_global_plan",
+                        lambda self, plans: (planned.append(self._cached_plans_key), original(self, plans))[1])
+    first, second = states(), states()
+    second["pytorch_model_fsdp_0"]["model"]["layer.weight"] += 1  # other values, the same layout
+    halves = states()
+    halves["optimizer_0"]["optimizer"]["state"]["layer.weight"]["exp_avg"] = torch.ones(6, 4, dtype=torch.bfloat16)
+    for name, saved in (("first", first), ("second", second), ("halves", halves)):
+        sharded_io.save_folders(saved, tmp_path / name)
+    assert len(planned) == 2 and planned[0] != planned[1]  # the second save reused the first one's plans
+    for name, saved in (("second", second), ("halves", halves)):  # each holds its own values and dtypes
+        with open(tmp_path / name / "optimizer_0" / ".metadata", "rb") as handle:
+            stored = pickle.load(handle).state_dict_metadata["optimizer.state.layer.weight.exp_avg"]
+        assert stored.properties.dtype == saved["optimizer_0"]["optimizer"]["state"]["layer.weight"]["exp_avg"].dtype
+        loaded = zeros_like(saved)
+        dcp.load(loaded, storage_reader=dcp_folders.FolderSetReader(str(tmp_path / name), list(saved)),
+                 planner=SafeLoadPlanner())
+        assert_equal(loaded, saved)

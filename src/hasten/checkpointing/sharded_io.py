@@ -183,10 +183,56 @@ def save_folders(folders: dict[str, dict], root: Path, process_group: Optional[P
     if dcp_folders.available():
         with gc_paused():  # DCP's plans are many small objects (core/gc_pause.py)
             dcp.save(folders, storage_writer=dcp_folders.FolderSetWriter(str(root), list(folders)),
-                     process_group=process_group)
+                     process_group=process_group, planner=cached_plans_planner(folders, process_group))
         return
     for name, state in folders.items():
-        dcp.save(state, checkpoint_id=str(root / name), process_group=process_group)
+        dcp.save(state, checkpoint_id=str(root / name), process_group=process_group,
+                 planner=cached_plans_planner({name: state}, process_group))
+
+
+def cached_plans_planner(folders: dict[str, Any], process_group: Optional[ProcessGroup] = None) -> Any:
+    """DCP's default save planner with its plans kept for the next save of the same layout (torch's
+    ``enable_plan_caching``: a rank whose local plan did not change sends an empty one, and the coordinator reuses the
+    global plan and metadata instead of building and checking them again). Torch keeps one cache per key and, to find
+    a change, compares only names, offsets and sizes; the key here is the layout itself (``layout_key``: every entry's
+    name, and each tensor's dtype and global shape, with the size of the process group), the same on every process,
+    so a save of another layout — another dtype included — gets a cache of its own instead of the kept metadata.
+    None (DCP's default planner) on a PyTorch without plan caching."""
+    import inspect
+
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    if "enable_plan_caching" not in inspect.signature(DefaultSavePlanner).parameters:
+        return None
+    planner = DefaultSavePlanner(enable_plan_caching=True)
+    planner._cached_plans_key = layout_key(folders, process_group)  # torch's own key is the class name alone
+    return planner
+
+
+def layout_key(state: Any, process_group: Optional[ProcessGroup] = None) -> str:
+    """A digest of ``state``'s layout, equal on every process that holds the same entries: each entry's name, each
+    tensor's dtype and global shape (a DTensor's, not its shard's), each other value's type; and the number of
+    processes in ``process_group``."""
+    import hashlib
+
+    import torch.distributed as dist
+
+    entries: list[str] = [str(dist.get_world_size(process_group) if dist.is_initialized() else 1)]
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            entries.append(f"{prefix}:{value.dtype}:{tuple(value.shape)}")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}", item)
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(f"{prefix}.{index}", item)
+        else:
+            entries.append(f"{prefix}:{type(value).__name__}")
+
+    walk("", state)
+    return "hasten:" + hashlib.blake2b("\n".join(entries).encode(), digest_size=16).hexdigest()
 
 
 def load_folders(folders: dict[str, dict], root: Path, *, strict: bool, weights_only: bool,

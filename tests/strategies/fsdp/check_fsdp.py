@@ -205,6 +205,7 @@ def sharded_checkpoints(work: Path) -> None:
     accelerator.wait_for_everyone()
     check(not any("failed" in path.name for path in work.iterdir()), "a failed async save leaves no folder")
     train_steps(accelerator, model, optimizer)
+    at_save = accelerator.get_state_dict(model)
     hook = accelerator.register_save_state_pre_hook(  # with save hooks: staged and run before save_state returns
         lambda models, weights, folder: Path(folder, f"hook_{accelerator.process_index}.txt").write_text("ran"))
     accelerator.save_state(work / "async", async_save=True)  # the next one completes, over the same group
@@ -213,6 +214,9 @@ def sharded_checkpoints(work: Path) -> None:
     check((work / "async" / f"hook_{accelerator.process_index}.txt").read_text() == "ran",
           "an async save runs the save hooks into its folder, then completes in the background")
     accelerator.load_state(work / "async")  # complete: every file in its marker, checksums and all
+    after_load = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:  # the same layout saved again: DCP's kept plans, this save's values
+        check(all(torch.equal(at_save[k], after_load[k]) for k in at_save), "the second async save's weights")
 
     other = nn.Sequential(nn.Linear(4, 3))
     AcceleratorState._reset_state()
