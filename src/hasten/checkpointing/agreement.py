@@ -23,7 +23,7 @@ from .errors import CheckpointError
 if TYPE_CHECKING:
     from ..collectives.process_view import ProcessView
 
-__all__ = ["together", "together_reporting", "raise_if_any_failed", "gather_failures"]
+__all__ = ["together", "together_reporting", "raise_if_any_failed", "gather_failures", "from_main_process"]
 
 T = TypeVar("T")
 
@@ -35,6 +35,16 @@ def _gathered(item: Any, state) -> list:
     everyone: list = [None] * state.num_processes
     dist.all_gather_object(everyone, item, group=group_of(state))
     return everyone
+
+
+def from_main_process(values: list, processes: Optional[ProcessView] = None) -> list:
+    """Collective: ``values`` (a list, the same length everywhere) replaced in place by the main process's, over the
+    group of ``processes`` (default every process); returns it."""
+    state = processes or PartialState()
+    if state.use_distributed:
+        group = group_of(state)
+        dist.broadcast_object_list(values, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
+    return values
 
 
 def _some_failed(failed: bool, state) -> bool:

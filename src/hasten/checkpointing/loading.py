@@ -22,10 +22,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from ..collectives.operations import broadcast_object_list
 from ..state import PartialState
 from . import layout
-from .agreement import gather_failures, together, together_reporting
+from .agreement import from_main_process, gather_failures, together, together_reporting
 from .atomic import (CONTENT_CHANGED, content_changed, process_markers, recover_interrupted_swap, start_content_check,
                      verify_complete)
 from .contributions import verify_contribution
@@ -55,8 +54,7 @@ def agreed_folder(pick: Callable[[], Union[str, os.PathLike]]) -> Path:
             answer[0] = str(pick())
         except CheckpointNotFoundError as error:
             answer[1] = str(error)
-    if state.use_distributed:
-        broadcast_object_list(answer)
+    from_main_process(answer)
     if answer[0] is None:
         raise CheckpointNotFoundError(answer[1])
     return Path(answer[0])
@@ -161,8 +159,7 @@ def complete_candidates(root: Union[str, os.PathLike]) -> list[Path]:
     found = [None]
     if state.is_main_process:
         found[0] = [str(folder) for folder in complete_checkpoints(root)]
-    if state.use_distributed:
-        broadcast_object_list(found)
+    from_main_process(found)
     return [Path(folder) for folder in found[0]]
 
 

@@ -25,11 +25,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-import torch.distributed as dist
-
-from ..collectives.process_view import group_of
 from ..state import PartialState
-from .agreement import together, together_reporting
+from .agreement import from_main_process, together, together_reporting
 from .checksums import noted_under
 from .atomic import recover_interrupted_swap, staging_folder, swap_into_place, write_marker
 from .errors import CheckpointError
@@ -79,9 +76,7 @@ class SaveTransaction:
         # the main process's token and folder, in one exchange: a process given another folder (each process
         # saving into a temporary folder of its own, as some scripts do) writes a complete checkpoint there itself
         sent = [uuid.uuid4().hex, str(self.final)] if self.state.is_main_process else [None, None]
-        if self.state.use_distributed:  # hasten's own values: torch's plain broadcast, over the processes taking part
-            group = group_of(self.state)
-            dist.broadcast_object_list(sent, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
+        from_main_process(sent, self.processes)
         token, own_folder = sent[0], sent[1] != str(self.final)
         self.own_folder = self.own_folder or own_folder
         main = self.state.is_main_process or own_folder
