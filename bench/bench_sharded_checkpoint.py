@@ -22,7 +22,9 @@ Target: ratio <= 1.1 at every process count, and no worse at 16 than at 2.
 ``--async_stall``: instead, in each pair, hasten's synchronous ``save_state`` against the time the loop is blocked by
 ``save_state(async_save=True)`` (until it returns; the checkpoint is then completed, untimed, with
 ``wait_for_checkpoint``), and ``async+step``: the same followed at once by the optimizer's step, which waits for the
-parameters and moments to be copied (the worst case: a real loop runs a forward and a backward first). Target:
+parameters and moments to be copied (the worst case: a real loop runs a forward and a backward first), and
+``dcp async``: torch's own ``dcp.async_save`` of ``get_state_dict(model, optimizer)`` on a gloo group of its own, as
+torch's guide shows (until it returns; then ``result()``, untimed), the stall a user of plain DCP gets. Target:
 stall <= 0.05x the synchronous save at every process count. Files go to ``BENCH_CHECKPOINT_DIR``
 (default: a temporary folder). ``--json PATH`` writes the rows; ``--plot PATH`` draws the ratios against the
 number of processes, or with ``--widths`` against the checkpoint's size (matplotlib).
@@ -107,6 +109,17 @@ def worker(out: Path, pairs: int, layers: int, width: int, async_stall: bool = F
     def hasten_load() -> float:
         return _timed_on_every_rank(lambda: accelerator.load_state(os.path.join(work, "hasten")))
 
+    dcp_group = dist.new_group(backend="gloo") if async_stall else None  # torch's async save: a CPU group of its own
+
+    def dcp_async() -> float:
+        folder = fresh("dcp_async")
+        saving: list = []
+        stall = _timed_on_every_rank(lambda: saving.append(dcp.async_save(
+            dict(zip(("model", "optim"), get_state_dict(model, optimizer))), checkpoint_id=folder,
+            process_group=dcp_group)))
+        saving[0].result()  # untimed: written in the background
+        return stall
+
     def hasten_async(then_step: bool) -> float:
         folder = fresh("hasten_async")
         stall = _timed_on_every_rank(lambda: (accelerator.save_state(folder, async_save=True),
@@ -115,11 +128,11 @@ def worker(out: Path, pairs: int, layers: int, width: int, async_stall: bool = F
         return stall
 
     if async_stall:
-        hasten_save(), hasten_async(False)  # warm-up: the first async save allocates its CPU copy
-        times = {name: [] for name in ("sync", "async", "async_step")}
+        hasten_save(), hasten_async(False), dcp_async()  # warm-up: the first async save allocates its CPU copy
+        times = {name: [] for name in ("sync", "async", "async_step", "dcp_async")}
         for pair in range(pairs):
             runs = [("sync", hasten_save), ("async", lambda: hasten_async(False)),
-                    ("async_step", lambda: hasten_async(True))]
+                    ("async_step", lambda: hasten_async(True)), ("dcp_async", dcp_async)]
             for name, function in runs if pair % 2 == 0 else runs[::-1]:
                 times[name].append(function())
         if accelerator.is_main_process:
@@ -167,11 +180,14 @@ def summarise(processes: int, times: dict, layers: int, width: int) -> list:
 
 def summarise_async(processes: int, times: dict, layers: int, width: int) -> list:
     rows = []
-    for variant in ("async", "async_step"):
+    for variant in ("async", "async_step", "dcp_async"):
         ratios = [a / b for a, b in zip(times[variant], times["sync"])]
-        rows.append({"processes": processes, "operation": f"{variant} stall", "pairs": len(ratios), "width": width,
-                     "state_mb": state_megabytes(layers, width), "hasten_median_s": statistics.median(times[variant]),
-                     "sync_median_s": statistics.median(times["sync"]), "median_pair_ratio": statistics.median(ratios)})
+        row = {"processes": processes, "operation": f"{variant} stall", "pairs": len(ratios), "width": width,
+               "state_mb": state_megabytes(layers, width), "hasten_median_s": statistics.median(times[variant]),
+               "sync_median_s": statistics.median(times["sync"]), "median_pair_ratio": statistics.median(ratios)}
+        if variant == "async":  # hasten's stall against plain DCP's asynchronous save's, pair by pair
+            row["vs_dcp_async"] = statistics.median(a / b for a, b in zip(times["async"], times["dcp_async"]))
+        rows.append(row)
     return rows
 
 
@@ -223,8 +239,9 @@ def main(argv=None) -> list:
         for row in found:
             other = ("sync", "sync_median_s") if args.async_stall else ("dcp", "dcp_median_s")
             print(f"{row['processes']:>3} processes  {row['state_mb']:7.0f} MB  {row['operation']}  "
-                  f"hasten {row['hasten_median_s']:.3f} s  {other[0]} {row[other[1]]:.3f} s  "
-                  f"median pair ratio {row['median_pair_ratio']:.3f}x ({row['pairs']} pairs)", flush=True)
+                  f"{'dcp' if row['operation'].startswith('dcp') else 'hasten'} {row['hasten_median_s']:.3f} s  {other[0]} {row[other[1]]:.3f} s  "
+                  f"median pair ratio {row['median_pair_ratio']:.3f}x ({row['pairs']} pairs)"
+                  + (f"; vs dcp async {row['vs_dcp_async']:.2f}x" if "vs_dcp_async" in row else ""), flush=True)
         rows += found
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
