@@ -123,6 +123,9 @@ def test_clearml_offline(tmp_path):
 
     from helpers import clean_env
 
+    # ClearML reports from a subprocess by default on Linux, and its close() then waits ~11 s for it; in a thread
+    # the same events reach the same offline folder in ~1 s
+    (tmp_path / "clearml.conf").write_text("sdk { development { report_use_subprocess: false } }\n")
     env = clean_env(CLEARML_OFFLINE_MODE="1", CLEARML_CACHE_DIR=str(tmp_path / "cache"), HOME=str(tmp_path))
     result = subprocess.run([sys.executable, "-c", CLEARML_RUN, str(tmp_path)], capture_output=True, text=True,
                             env=env, cwd=tmp_path, timeout=180)
