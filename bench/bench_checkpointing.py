@@ -29,6 +29,10 @@ the same ~100M-parameter model with AdamW, alternated; ``async+step`` is ``save_
 thread: the worst case, with no forward and backward to overlap it); ``async-complete`` is the time until the
 asynchronous save is complete on disk (``wait_for_checkpoint``), with nothing else running. Target (issue 40):
 stall <= 0.05x sync.
+
+``--paired`` also times ``torch+fsync`` (the same ``torch.save`` files, each flushed: on disk when it returns, as
+hasten's are) and ``floor``: as many bytes, made beforehand, written in 4 files side by side flushed every 64 MB
+(``bench_disk_floor.py``), the disk's own time for a durable save with no serialisation at all.
 """
 from __future__ import annotations
 
@@ -254,8 +258,12 @@ def paired(pairs: int = 30):
 
     import torch
 
+    import threading
+
+    from bench_disk_floor import CHUNK_MB, write_flushed
+
     root, model, optimizer, size, ours, folders = small_setup("paired", ("torch", "torch+fsync", "hasten",
-                                                                         "accelerate"))
+                                                                         "accelerate", "floor"))
     print(f"paired: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters + AdamW, {size:.2f} GB of "
           f"files, {pairs} rounds", flush=True)
 
@@ -287,7 +295,32 @@ def paired(pairs: int = 30):
         return timed(lambda: (model.load_state_dict(torch.load(folder / "model.pt", weights_only=True)),
                               optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))))
 
+    # the disk's floor: as many bytes, made beforehand, in 4 files side by side flushed every 64 MB (bench_disk_floor)
+    share_mb = max(CHUNK_MB, round(size * 1e9 / 2 ** 20 / 4 / CHUNK_MB) * CHUNK_MB)
+    chunk, read_back = os.urandom(1 << 20) * CHUNK_MB, bytearray(share_mb << 20)
+
+    def floor_save():
+        folder = folders["floor"].fresh()
+        folder.mkdir()
+
+        def save():
+            writers = [threading.Thread(target=write_flushed, args=(folder / f"part_{index}", share_mb, chunk, 64))
+                       for index in range(4)]
+            for writer in writers:
+                writer.start()
+            for writer in writers:
+                writer.join()
+        return timed(save)
+
+    def floor_load():
+        def load():
+            for index in range(4):
+                with open(folders["floor"].last / f"part_{index}", "rb") as handle:
+                    handle.readinto(read_back)
+        return timed(load)
+
     variants = {"torch": (torch_save, torch_load), "torch+fsync": (torch_durable_save, torch_durable_load),
+                "floor": (floor_save, floor_load),
                 "hasten": (lambda: timed(lambda: ours.save_state(folders["hasten"].fresh())),
                            lambda: timed(lambda: ours.load_state(folders["hasten"].last)))}
     if is_installed("accelerate"):
