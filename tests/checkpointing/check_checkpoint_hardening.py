@@ -70,6 +70,18 @@ def main(workdir):
         assert "optimizer.bin" in str(error), error
     assert torch.all(weights(model) == 5.0), "a refused load changed the weights"
 
+    # the main process cannot even look at the named folder: it raises its error, the other process names it
+    from hasten.checkpointing import loading
+    original = loading.recover_interrupted_swap
+    if state.is_main_process:
+        loading.recover_interrupted_swap = lambda *args: (_ for _ in ()).throw(PermissionError("no access here"))
+    try:
+        accelerator.load_state(first)
+        raise AssertionError("a folder the main process cannot look at loaded")
+    except (PermissionError, CheckpointError) as error:
+        assert "no access here" in str(error) and (state.is_main_process or "process 0" in str(error)), error
+    loading.recover_interrupted_swap = original
+
     # only process 1 can see the damage: its own random states (checksums off, so only it parses the file)
     os.environ["HASTEN_CHECKPOINT_CHECKSUMS"] = "0"
     if state.is_main_process:

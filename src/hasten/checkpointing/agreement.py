@@ -23,13 +23,16 @@ from .errors import CheckpointError
 if TYPE_CHECKING:
     from ..collectives.process_view import ProcessView
 
-__all__ = ["together", "together_reporting", "raise_if_any_failed", "gather_failures", "from_main_process"]
+__all__ = ["together", "together_reporting", "raise_if_any_failed", "gather_failures", "from_main_process",
+           "gathered"]
 
 T = TypeVar("T")
 
 
-def _gathered(item: Any, state) -> list:
-    """Collective: ``item`` of every process of ``state``, in process order."""
+def gathered(item: Any, processes: Optional[ProcessView] = None) -> list:
+    """Collective: ``item`` (small, picklable) of every process of ``processes`` (default every process), in
+    process order."""
+    state = processes or PartialState()
     if not state.use_distributed:
         return [item]
     everyone: list = [None] * state.num_processes
@@ -61,7 +64,7 @@ def gather_failures(error: Optional[BaseException],
     outcome = None if error is None else (type(error).__name__, str(error))
     if state.use_distributed and not _some_failed(error is not None, state):
         return []
-    outcomes = _gathered(outcome, state)
+    outcomes = gathered(outcome, state)
     return [(index, found[0], found[1]) for index, found in enumerate(outcomes) if found is not None]
 
 
@@ -109,7 +112,7 @@ def together_reporting(during: str, function: Callable[..., T], *args: Any, repo
     except Exception as caught:  # noqa: BLE001 - raised below, once every process knows
         error = caught
         mine = ((type(caught).__name__, str(caught)), None)
-    exchanged = _gathered(mine, state)
+    exchanged = gathered(mine, state)
     failures = [(index, outcome[0], outcome[1]) for index, (outcome, _) in enumerate(exchanged) if outcome]
     _raise_first(error, failures, during)
     return result, [found for _, found in exchanged]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from ..state import PartialState
 from . import layout
-from .agreement import from_main_process, gather_failures, together, together_reporting
+from .agreement import from_main_process, gather_failures, gathered, together, together_reporting
 from .atomic import (CONTENT_CHANGED, content_changed, process_markers, recover_interrupted_swap, start_content_check,
                      verify_complete)
 from .contributions import verify_contribution
@@ -78,12 +78,28 @@ def _resolve_load_folder(project_configuration: ProjectConfiguration,
                 raise CheckpointNotFoundError(f"Cannot load the state from {folder}: the folder does not exist.")
             return folder
 
-        agreed = agreed_folder(pick)
+        # One exchange: every process's folder, and the main process's after it checked it (or why it cannot).
+        mine, failure = [str(folder), None], None
+        if PartialState().is_main_process:
+            try:
+                pick()
+            except Exception as error:  # noqa: BLE001 - raised below, once every process knows
+                failure, mine[1] = error, (type(error).__name__, str(error))
+        everyone = gathered(mine)
+        agreed, outcome = Path(everyone[0][0]), everyone[0][1]
+        if failure is not None:
+            raise failure
+        if outcome is not None:
+            if outcome[0] == CheckpointNotFoundError.__name__:
+                raise CheckpointNotFoundError(outcome[1])
+            raise CheckpointError(f"finding the checkpoint folder failed on process 0 (so it stops here too): "
+                                  f"{outcome[0]}: {outcome[1]}")
+        if all(given == everyone[0][0] for given, _ in everyone):
+            return agreed, False
         # A process given a folder other than the main process's loads its own (it saved a whole copy there).
-        chosen, folders = together_reporting("finding the checkpoint folder",
-                                             lambda: agreed if agreed == folder else Path(pick()),
-                                             report=lambda: agreed == folder)
-        return chosen, not all(folders)
+        chosen, _ = together_reporting("finding the checkpoint folder",
+                                       lambda: agreed if agreed == folder else Path(pick()), report=lambda: None)
+        return chosen, True
     if project_configuration.automatic_checkpoint_naming:
         root = checkpoints_root(project_configuration)
         return agreed_folder(lambda: require_newest_complete_checkpoint(root)), False
