@@ -374,6 +374,7 @@ class WriteInBackground:
         self.view = completion_view() if every_process else None  # collective, on the first async save
         self.group = self.view.group if self.view is not None else None
         self.hooks = hooks
+        self._taking = "taking the snapshot"  # what ``take`` was told it does: the background agrees on it by name
         self._left: list = []
         self._optimizers: list = []
 
@@ -381,6 +382,7 @@ class WriteInBackground:
         """``function()`` (the snapshot). With hooks, agreed on at once, as ``WriteNow`` does; else the background
         thread agrees on it (``run``), and a process whose snapshot failed agrees from here and raises at once
         (the others raise at their next save, load or ``wait_for_checkpoint``)."""
+        self._taking = during
         if self.hooks:
             return together(during, function, processes=processes)
         try:
@@ -423,8 +425,7 @@ class WriteInBackground:
             nonlocal transaction
             try:
                 if transaction is None:
-                    together("collecting the state to save", lambda: self._copy_left(done) if done else None,
-                             processes=view)
+                    together(self._taking, lambda: self._copy_left(done) if done else None, processes=view)
                     transaction = steps.prepare(view)
                 else:
                     transaction.agree_over(view)
