@@ -20,7 +20,9 @@ Reported per process count: the median of each variant and the median of the per
 Target: ratio <= 1.1 at every process count, and no worse at 16 than at 2.
 
 ``--async_stall``: instead, in each pair, hasten's synchronous ``save_state`` against the time the loop is blocked by
-``save_state(async_save=True)`` (until it returns; the checkpoint is then completed, untimed, with
+``save_state(async_save=True)`` (from a barrier until the call returns on the slowest process: when every process's
+loop goes on; also reported through a barrier after the call, which on this machine's 2 cores also waits for the
+background writers of the processes that returned first; the checkpoint is then completed, untimed, with
 ``wait_for_checkpoint``), and ``async+step``: the same followed at once by the optimizer's step, which waits for the
 parameters and moments to be copied (the worst case: a real loop runs a forward and a backward first), and
 ``dcp async``: torch's own ``dcp.async_save`` of ``get_state_dict(model, optimizer)`` on a gloo group of its own, as
@@ -47,16 +49,24 @@ from worker_launch import launch_worker  # noqa: E402
 
 def _timed_on_every_rank(function) -> float:
     """Seconds ``function`` took on the slowest rank (a barrier before and after)."""
+    return _blocked_on_every_rank(function)[1]
+
+
+def _blocked_on_every_rank(function) -> tuple[float, float]:
+    """``(own, through a barrier)``: the seconds the slowest rank spent in ``function`` (each rank starts after
+    the same barrier and stops when ``function`` returns), and the seconds until a barrier after it ends on the
+    slowest rank (what a collective right after the call would wait)."""
     import torch
     import torch.distributed as dist
 
     dist.barrier()
     start = time.perf_counter()
     function()
+    returned = time.perf_counter() - start
     dist.barrier()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    elapsed = torch.tensor([returned, time.perf_counter() - start], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed.item())
+    return float(elapsed[0].item()), float(elapsed[1].item())
 
 
 def worker(out: Path, pairs: int, layers: int, width: int, async_stall: bool = False) -> None:
@@ -111,30 +121,37 @@ def worker(out: Path, pairs: int, layers: int, width: int, async_stall: bool = F
 
     dcp_group = dist.new_group(backend="gloo") if async_stall else None  # torch's async save: a CPU group of its own
 
-    def dcp_async() -> float:
+    def dcp_async() -> tuple[float, float]:
         folder = fresh("dcp_async")
         saving: list = []
-        stall = _timed_on_every_rank(lambda: saving.append(dcp.async_save(
+        stall = _blocked_on_every_rank(lambda: saving.append(dcp.async_save(
             dict(zip(("model", "optim"), get_state_dict(model, optimizer))), checkpoint_id=folder,
             process_group=dcp_group)))
         saving[0].result()  # untimed: written in the background
         return stall
 
-    def hasten_async(then_step: bool) -> float:
+    def hasten_async(then_step: bool) -> tuple[float, float]:
         folder = fresh("hasten_async")
-        stall = _timed_on_every_rank(lambda: (accelerator.save_state(folder, async_save=True),
-                                              optimizer.step() if then_step else None))
+        stall = _blocked_on_every_rank(lambda: (accelerator.save_state(folder, async_save=True),
+                                                optimizer.step() if then_step else None))
         accelerator.wait_for_checkpoint()  # untimed: the files are written in the background
         return stall
 
+    def hasten_sync() -> tuple[float, float]:
+        folder = fresh("hasten")
+        return _blocked_on_every_rank(lambda: accelerator.save_state(folder))
+
     if async_stall:
         hasten_save(), hasten_async(False), dcp_async()  # warm-up: the first async save allocates its CPU copy
-        times = {name: [] for name in ("sync", "async", "async_step", "dcp_async")}
+        times = {f"{name}{kind}": [] for name in ("sync", "async", "async_step", "dcp_async")
+                 for kind in ("", "_barrier")}
         for pair in range(pairs):
-            runs = [("sync", hasten_save), ("async", lambda: hasten_async(False)),
+            runs = [("sync", hasten_sync), ("async", lambda: hasten_async(False)),
                     ("async_step", lambda: hasten_async(True)), ("dcp_async", dcp_async)]
             for name, function in runs if pair % 2 == 0 else runs[::-1]:
-                times[name].append(function())
+                own, through_barrier = function()
+                times[name].append(own)
+                times[f"{name}_barrier"].append(through_barrier)
         if accelerator.is_main_process:
             out.write_text(json.dumps(times))
             shutil.rmtree(work, ignore_errors=True)
@@ -179,12 +196,17 @@ def summarise(processes: int, times: dict, layers: int, width: int) -> list:
 
 
 def summarise_async(processes: int, times: dict, layers: int, width: int) -> list:
+    """A row per variant: its stall (the slowest process's time in the call) against the synchronous save's, pair
+    by pair, and the same measured through a barrier after the call (``..._barrier``)."""
     rows = []
     for variant in ("async", "async_step", "dcp_async"):
         ratios = [a / b for a, b in zip(times[variant], times["sync"])]
+        through = [a / b for a, b in zip(times[f"{variant}_barrier"], times["sync_barrier"])]
         row = {"processes": processes, "operation": f"{variant} stall", "pairs": len(ratios), "width": width,
                "state_mb": state_megabytes(layers, width), "hasten_median_s": statistics.median(times[variant]),
-               "sync_median_s": statistics.median(times["sync"]), "median_pair_ratio": statistics.median(ratios)}
+               "sync_median_s": statistics.median(times["sync"]), "median_pair_ratio": statistics.median(ratios),
+               "barrier_median_s": statistics.median(times[f"{variant}_barrier"]),
+               "median_pair_ratio_barrier": statistics.median(through)}
         if variant == "async":  # hasten's stall against plain DCP's asynchronous save's, pair by pair
             row["vs_dcp_async"] = statistics.median(a / b for a, b in zip(times["async"], times["dcp_async"]))
         rows.append(row)
@@ -241,6 +263,8 @@ def main(argv=None) -> list:
             print(f"{row['processes']:>3} processes  {row['state_mb']:7.0f} MB  {row['operation']}  "
                   f"{'dcp' if row['operation'].startswith('dcp') else 'hasten'} {row['hasten_median_s']:.3f} s  {other[0]} {row[other[1]]:.3f} s  "
                   f"median pair ratio {row['median_pair_ratio']:.3f}x ({row['pairs']} pairs)"
+                  + (f"; through a barrier {row['median_pair_ratio_barrier']:.3f}x"
+                     if "median_pair_ratio_barrier" in row else "")
                   + (f"; vs dcp async {row['vs_dcp_async']:.2f}x" if "vs_dcp_async" in row else ""), flush=True)
         rows += found
     if args.json:

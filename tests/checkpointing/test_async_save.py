@@ -91,6 +91,24 @@ def test_detached_copy_keeps_tied_tensors_tied_and_shares_no_memory():
     async_save.release_snapshot_memory()
 
 
+def test_staged_copy_records_no_autograd_history_and_keeps_plain_values():
+    import random
+
+    parameter = torch.nn.Parameter(torch.randn(4))
+    moment = torch.nn.Parameter(torch.randn(4))  # a tensor left for later, copied by copy_now
+    ints = [1, 2, 3]
+    state = {"p": parameter, "m": moment, "ints": ints, "random": random.getstate(), "mixed": (1, torch.ones(1))}
+    copied, left = async_save.staged_copy(state, later=frozenset({moment.untyped_storage().data_ptr()}))
+    assert [pair[1] is moment for pair in left] == [True]
+    async_save.copy_now(left)
+    for name in ("p", "m"):
+        assert torch.equal(copied[name], state[name]) and not copied[name].requires_grad
+        assert copied[name].grad_fn is None and copied[name].data_ptr() != state[name].data_ptr()
+    assert copied["ints"] == ints and copied["ints"] is not ints  # a list of plain values: a new list
+    assert copied["random"] == random.getstate()
+    assert copied["mixed"][0] == 1 and copied["mixed"][1].data_ptr() != state["mixed"][1].data_ptr()
+
+
 def test_failed_background_write_keeps_the_previous_checkpoint_and_raises_on_the_next_call(tmp_path, monkeypatch):
     project = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
     accelerator, model, optimizer = build(project_config=project)
@@ -190,3 +208,51 @@ def test_a_weight_the_forward_changes_is_copied_before_save_returns():
     embedding, linear = (module.weight.untyped_storage().data_ptr() for module in (model[0], model[1]))
     assert embedding not in left and linear in left
     assert torch.equal(copied["weights"]["0.weight"], model[0].weight)  # copied already
+
+
+def held_agreement(monkeypatch):
+    """Hold the background thread at its first agreement (that every process took its snapshot) until ``release``;
+    ``reached`` is set when it gets there."""
+    reached, release = threading.Event(), threading.Event()
+    original = async_save.together
+
+    def together(during, *args, **kwargs):
+        if threading.current_thread().name == "hasten-async-save" and not release.is_set():
+            reached.set()
+            assert release.wait(20), "the test never released the agreement"
+        return original(during, *args, **kwargs)
+
+    monkeypatch.setattr(async_save, "together", together)
+    return reached, release
+
+
+def test_a_step_before_the_background_copy_makes_the_copy_itself_and_a_failed_copy_fails_the_save(tmp_path,
+                                                                                                monkeypatch):
+    accelerator, model, optimizer = build()
+    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
+    reached, release = held_agreement(monkeypatch)
+    folder = accelerator.save_state(tmp_path / "stepped", async_save=True)
+    assert reached.wait(10)
+    stepper = threading.Thread(target=train, args=(accelerator, model, optimizer, 1))
+    stepper.start()  # the background thread is held: the step makes the copy, then changes the weights
+    stepper.join(10)
+    stepped = not stepper.is_alive()
+    release.set()
+    stepper.join()
+    assert stepped and not torch.equal(model.get_parameter("0.weight"), expected["0.weight"])
+    assert accelerator.wait_for_checkpoint() == folder
+    saved = load_file(f"{folder}/model.safetensors")  # the weights of the moment save_state was called
+    assert saved.keys() == expected.keys() and all(torch.equal(saved[name], expected[name]) for name in saved)
+
+    def failing_copy(pairs):
+        raise RuntimeError("copy failed on purpose")
+
+    reached, release = held_agreement(monkeypatch)
+    monkeypatch.setattr(async_save, "copy_now", failing_copy)
+    accelerator.save_state(tmp_path / "failed", async_save=True)
+    assert reached.wait(10)
+    train(accelerator, model, optimizer, steps=1)  # the step goes on; the save fails
+    release.set()
+    with pytest.raises(CheckpointError, match="copy failed on purpose"):
+        accelerator.wait_for_checkpoint()
+    assert not (tmp_path / "failed").exists() and is_complete(folder)

@@ -1,9 +1,10 @@
 """``save_state(..., async_save=True)``: the checkpoint is written while training continues.
 
 What runs before ``save_state`` returns, on the calling thread, with no collective: the snapshot, whose tensors are
-*copied* to CPU memory (``staged_copy``): all of them but the parameters and optimizer state, which the background
-thread copies first, before the prepared optimizers' next step (which waits for it: ``_Staging``), so the training
-loop goes on at once without waiting for any other process.
+*copied* to CPU memory (``staged_copy``): all of them but the parameters and optimizer state, which only the
+prepared optimizers' next step changes: those are copied once every process has taken its snapshot, by the
+background thread, or by that step if it comes first (``_Staging``), so the training loop goes on at once without
+waiting for any other process, and the copies do not take the CPU from the processes still taking their snapshots.
 
 What runs afterwards, in one background thread per process (``PendingSave``), the same steps as a synchronous save,
 each agreed on by every process: that every snapshot was taken, staging the folder, writing this process's files
@@ -59,6 +60,7 @@ _pending: Optional["PendingSave"] = None
 _buffers: list = []  # CPU tensors of the previous snapshot, reused by the next one (see detached_copy)
 _shards: dict = {}  # id(buffer) -> (buffer, mesh, placements, shape, stride, the DTensor wrapping it), reused too
 _IMMUTABLE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
+_PLAIN_TYPES = frozenset({int, float, bool, str, bytes, type(None)})
 
 
 def release_snapshot_memory() -> None:
@@ -124,11 +126,10 @@ def staged_copy(obj: Any, reuse: bool = False, later: frozenset = frozenset()) -
     count = [0]
     left: list = []
 
-    def copy_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    def copy_tensor(tensor: torch.Tensor) -> torch.Tensor:  # under no_grad: no autograd record, no detach
         key = _alias_key(tensor)
         if key is not None and key in memo:
             return memo[key]
-        tensor = tensor.detach()
         result = _buffer(count[0], tensor, reuse)
         count[0] += 1
         if later and _storage_address(tensor) in later:
@@ -156,6 +157,8 @@ def staged_copy(obj: Any, reuse: bool = False, later: frozenset = frozenset()) -
                 return type(value)(copied)
             except TypeError:
                 return copied
+        if isinstance(value, (list, tuple)) and _plain(value):  # Python's random state: 625 ints, nothing to walk
+            return list(value) if isinstance(value, list) else value
         if isinstance(value, list):
             return [walk(item) for item in value]
         if isinstance(value, tuple) and not hasattr(value, "_fields"):
@@ -165,11 +168,17 @@ def staged_copy(obj: Any, reuse: bool = False, later: frozenset = frozenset()) -
                                                  for field in dataclasses.fields(value) if field.init})
         return copy.deepcopy(value)
 
-    result = walk(obj)
+    with torch.no_grad():
+        result = walk(obj)
     for device in devices:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     return result, left
+
+
+def _plain(items: Any) -> bool:
+    """Whether a list's or tuple's items are all plain values of the exact builtin types (nothing inside to copy)."""
+    return set(map(type, items)) <= _PLAIN_TYPES
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -191,10 +200,11 @@ def _storage_address(tensor: torch.Tensor) -> int:
 def copy_now(pairs: list) -> None:
     """Fill the buffers ``staged_copy`` left for later (``(buffer, live tensor)`` pairs)."""
     devices = set()
-    for buffer, tensor in pairs:
-        buffer.copy_(tensor, non_blocking=tensor.device.type == "cuda")
-        if tensor.device.type == "cuda":
-            devices.add(tensor.device)
+    with torch.no_grad():  # the live tensors may require grad: the copy records nothing
+        for buffer, tensor in pairs:
+            buffer.copy_(tensor, non_blocking=tensor.device.type == "cuda")
+            if tensor.device.type == "cuda":
+                devices.add(tensor.device)
     for device in devices:
         torch.cuda.synchronize(device)
 
@@ -230,31 +240,58 @@ def optimizer_storage(optimizers: list) -> frozenset:
 
 # ----------------------------------------------------------------------------- copying before the next step
 class _Staging:
-    """The copy an asynchronous save leaves for its background thread (``copy_now``), and the one-time wait of the
-    optimizers' next step for it: until it is done, ``optimizer.step()`` (through a step pre-hook registered once
-    per optimizer) blocks; the hook costs one attribute test when nothing is pending."""
+    """The copy an asynchronous save leaves for later (``copy_now``: the parameters and optimizer state), made once,
+    by whichever thread asks first: the background thread once every process has taken its snapshot (so the copies
+    do not take the CPU from the processes still taking theirs), or the optimizers' next step if it comes sooner
+    (through a step pre-hook registered once per optimizer, which costs one attribute test when nothing is
+    pending). The other thread waits until it is made."""
 
     def __init__(self) -> None:
         self.done: Optional[threading.Event] = None
         self.error: Optional[BaseException] = None
+        self._pairs: list = []
+        self._claim = threading.Lock()
         self._hooked: "weakref.WeakSet" = weakref.WeakSet()
 
-    def begin(self, optimizers: list) -> threading.Event:
+    def begin(self, optimizers: list, pairs: list) -> None:
+        """``pairs`` (``(buffer, live tensor)``) are to be copied before any of ``optimizers`` steps."""
         for optimizer in optimizers:
             inner = getattr(optimizer, "optimizer", optimizer)
             if hasattr(inner, "register_step_pre_hook") and inner not in self._hooked:
                 inner.register_step_pre_hook(self._before_step)
                 self._hooked.add(inner)
-        self.done = threading.Event()
-        return self.done
+        self._pairs, self.error, self.done = pairs, None, threading.Event()
 
-    def wait(self) -> None:
+    def copy(self) -> None:
+        """Copy the pairs unless the other thread did or is doing it; return once they are copied. Raises the
+        copy's error (in either thread)."""
         done = self.done
-        if done is not None:
+        if done is None:
+            return
+        with self._claim:
+            pairs, self._pairs = self._pairs, []
+        if not pairs:
             done.wait()
+            if self.error is not None:
+                raise CheckpointError(f"Copying the state for the asynchronous save failed: {self.error}") \
+                    from self.error
+            return
+        try:
+            copy_now(pairs)
+        except BaseException as error:
+            self.error = error
+            raise
+        finally:
+            done.set()
 
     def _before_step(self, *_: Any) -> None:
-        self.wait()
+        done = self.done
+        if done is None or done.is_set():
+            return
+        try:
+            self.copy()
+        except Exception:  # noqa: BLE001 - the save fails with it: raised at the next save, load or wait
+            logger.debug("The asynchronous save's copy failed before the optimizer's step", exc_info=True)
 
 
 _staging = _Staging()
@@ -363,7 +400,7 @@ class WriteNow:
 class WriteInBackground:
     """An asynchronous save's writing, the same steps as ``WriteNow`` around the same format, with only the
     snapshot taken on the calling thread: copied to CPU memory (``staged_copy``; the parameters and optimizer state
-    by the background thread, before the optimizers' next step), then everything else in a background thread
+    later, before the optimizers' next step: ``_Staging``), then everything else in a background thread
     (``PendingSave``): agreeing that every process took its snapshot, staging the folder, writing, completing,
     each step agreed on over a gloo group of its own (``completion_view``), so ``save_state`` returns without
     waiting for any other process. With save ``hooks`` (user code, run collectively on the calling thread, which
@@ -396,20 +433,13 @@ class WriteInBackground:
         return together(during, fail, processes=self.view or processes)  # raises ``failure``, once all know
 
     def copy(self, snapshot: Any, optimizers: list = (), models: list = ()) -> Any:
-        """The snapshot's copy, with the parameters' and ``optimizers``' state left for the background thread to
-        copy before the optimizers' next step (``staged_copy``); all of it now when save hooks will read it, and
+        """The snapshot's copy, with the parameters' and ``optimizers``' state left to copy before the optimizers'
+        next step (``staged_copy``, ``_Staging``); all of it now when save hooks will read it, and
         now the parameters of ``models`` that a forward changes (``changed_in_forward``)."""
         later = frozenset() if self.hooks else optimizer_storage(list(optimizers)) - changed_in_forward(list(models))
         copied, self._left = staged_copy(snapshot, reuse=True, later=later)
         self._optimizers = list(optimizers)
         return copied
-
-    def _copy_left(self, done: threading.Event) -> None:
-        try:
-            copy_now(self._left)
-        finally:
-            self._left = []
-            done.set()  # the optimizers' next step goes on (a failure is reported by the save)
 
     def run(self, steps: SaveSteps) -> None:
         """With hooks: stage and run them now (collectively, on this thread). The rest in the background, agreed
@@ -418,14 +448,18 @@ class WriteInBackground:
         if self.hooks:
             transaction = steps.prepare(steps.processes)
             transaction.write(steps.run_hooks, during="running the save hooks")
-        done = _staging.begin(self._optimizers) if self._left else None
+        left, self._left = self._left, []
+        if left:
+            _staging.begin(self._optimizers, left)
         view = self.view or steps.processes
 
         def finish() -> None:
             nonlocal transaction
             try:
                 if transaction is None:
-                    together(self._taking, lambda: self._copy_left(done) if done else None, processes=view)
+                    together(self._taking, lambda: None, processes=view)  # every process took its snapshot
+                    if left:  # now the copy (unless the optimizers' next step came first and made it)
+                        together("copying the parameters and optimizer state", _staging.copy, processes=view)
                     transaction = steps.prepare(view)
                 else:
                     transaction.agree_over(view)

@@ -10,6 +10,7 @@ The dictionary uses the reference library's keys (``random_state``, ``numpy_rand
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import random
@@ -34,8 +35,14 @@ def _available_device_modules():
             yield name, key, module
 
 
+@functools.lru_cache(maxsize=None)
+def _has_torch_xla() -> bool:
+    """Whether torch_xla is installed (looked up once: every save captures the random states)."""
+    return importlib.util.find_spec("torch_xla") is not None
+
+
 def _xla_model():
-    if importlib.util.find_spec("torch_xla") is None:
+    if not _has_torch_xla():
         return None
     import torch_xla.core.xla_model as xm
 
