@@ -50,6 +50,8 @@ class _ShardingStrategy(CheckpointingStrategy, Protocol):
 
     def sharded_optimizer_state_dict(self, model: Optional[nn.Module], optimizer: torch.optim.Optimizer) -> dict: ...
 
+    def sharded_state_dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]: ...
+
 
 def empty_like(state: NestedData) -> NestedData:
     """A structure like ``state`` with fresh (uninitialised) tensors for DCP to load into."""
@@ -103,9 +105,22 @@ class ShardedCheckpointIO:
     # ------------------------------------------------------------ saving
     def collect(self, strategy: _ShardingStrategy, targets: CheckpointTargets,
                 options: Optional[dict] = None) -> Snapshot:
-        """Every state, the models' and optimizers' as this rank's shards (no gathering)."""
-        return take_snapshot(strategy, targets, model_state=strategy.sharded_model_state_dict,
-                             optimizer_state=strategy.sharded_optimizer_state_dict)
+        """Every state, the models' and optimizers' as this rank's shards (no gathering). A model that one optimizer
+        trains has both states taken together (``sharded_state_dicts``)."""
+        taken: dict = {}  # id(optimizer) -> its state, taken with its model's
+
+        def model_state(model: nn.Module) -> dict:
+            training = [optimizer for optimizer in targets.optimizers if targets.model_of(optimizer) is model]
+            if len(training) != 1:
+                return strategy.sharded_model_state_dict(model)
+            weights, taken[id(training[0])] = strategy.sharded_state_dicts(model, training[0])
+            return weights
+
+        def optimizer_state(model: Optional[nn.Module], optimizer: torch.optim.Optimizer) -> dict:
+            found = taken.pop(id(optimizer), None)
+            return found if found is not None else strategy.sharded_optimizer_state_dict(model, optimizer)
+
+        return take_snapshot(strategy, targets, model_state=model_state, optimizer_state=optimizer_state)
 
     def write(self, staging: Path, collected: Snapshot, *, writes_shared_files: bool, process_index: int,
               safe_serialization: bool = True, process_group: Optional[ProcessGroup] = None) -> None:
