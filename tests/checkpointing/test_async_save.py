@@ -256,3 +256,22 @@ def test_a_step_before_the_background_copy_makes_the_copy_itself_and_a_failed_co
     with pytest.raises(CheckpointError, match="copy failed on purpose"):
         accelerator.wait_for_checkpoint()
     assert not (tmp_path / "failed").exists() and is_complete(folder)
+
+
+def test_one_background_thread_finishes_every_asynchronous_save(tmp_path, monkeypatch):
+    accelerator, model, optimizer = build()
+    writers = []
+    original = checkpoint_io.write_files
+
+    def recording(*args, **kwargs):
+        writers.append(threading.current_thread())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_io, "write_files", recording)
+    for name in ("first", "second"):
+        accelerator.save_state(tmp_path / name, async_save=True)
+        train(accelerator, model, optimizer, steps=1)
+        accelerator.wait_for_checkpoint()
+    assert len(writers) == 2 and writers[0] is writers[1] is not threading.current_thread()
+    assert writers[0].is_alive() and writers[0].daemon  # kept for the next save; never holds the interpreter
+    assert is_complete(tmp_path / "first") and is_complete(tmp_path / "second")
