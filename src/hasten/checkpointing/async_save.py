@@ -71,17 +71,38 @@ def release_snapshot_memory() -> None:
     _shards.clear()
 
 
+_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+_dtensor_class: Any = None  # torch's DTensor, imported once (a snapshot meets it once per tensor)
+
+
+def _dtensor() -> Any:
+    """torch's DTensor class (an empty tuple, which no ``isinstance`` matches, where torch has none)."""
+    global _dtensor_class
+    if _dtensor_class is None:
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # a torch built without distributed support
+            DTensor = ()  # noqa: N806
+        _dtensor_class = DTensor
+    return _dtensor_class
+
+
+def _is_dtensor(value: torch.Tensor) -> bool:
+    """Whether ``value`` is a DTensor (or another tensor with a device mesh); a plain tensor answers at once."""
+    if type(value) in _PLAIN_TENSORS:
+        return False
+    return isinstance(value, _dtensor()) or hasattr(value, "device_mesh")
+
+
 def _wrapped(local: torch.Tensor, tensor: Any, reuse: bool) -> Any:
     """``local`` (the copy of DTensor ``tensor``'s shard) as a DTensor of ``tensor``'s mesh, placements and global
     shape; with ``reuse``, the one the previous snapshot built around the same buffer when nothing changed (building
     one costs more than copying a small shard)."""
-    from torch.distributed.tensor import DTensor
-
     mesh, placements, shape, stride = tensor.device_mesh, tensor.placements, tensor.shape, tensor.stride()
     found = _shards.get(id(local)) if reuse else None
     if found is not None and found[0] is local and found[1] is mesh and found[2:5] == (placements, shape, stride):
         return found[5]
-    result = DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
+    result = _dtensor().from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
     if reuse:
         _shards[id(local)] = (local, mesh, placements, shape, stride, result)
     return result
@@ -128,12 +149,17 @@ def staged_copy(obj: Any, reuse: bool = False, later: frozenset = frozenset()) -
     left: list = []
 
     def copy_tensor(tensor: torch.Tensor) -> torch.Tensor:  # under no_grad: no autograd record, no detach
-        key = _alias_key(tensor)
+        if type(tensor) in _PLAIN_TENSORS and not tensor.is_meta and tensor.numel():  # _alias_key's, made faster
+            address = _storage_address(tensor)
+            key = (tensor.device, address, tensor.storage_offset(), tensor.dtype, tuple(tensor.shape),
+                   tuple(tensor.stride()))
+        else:
+            address, key = None, _alias_key(tensor)
         if key is not None and key in memo:
             return memo[key]
         result = _buffer(count[0], tensor, reuse)
         count[0] += 1
-        if later and _storage_address(tensor) in later:
+        if later and (_storage_address(tensor) if address is None else address) in later:
             left.append((result, tensor))
         else:
             result.copy_(tensor, non_blocking=tensor.device.type == "cuda")
@@ -147,7 +173,7 @@ def staged_copy(obj: Any, reuse: bool = False, later: frozenset = frozenset()) -
         if isinstance(value, _IMMUTABLE):
             return value
         if isinstance(value, torch.Tensor):
-            if hasattr(value, "device_mesh"):  # a DTensor: its local shard copied, wrapped again the same way
+            if _is_dtensor(value):  # a DTensor: its local shard copied, wrapped again the same way
                 return _wrapped(copy_tensor(_local(value)), value, reuse)
             return copy_tensor(value)
         if isinstance(value, dict):
