@@ -290,7 +290,8 @@ def main(argv=None) -> list:
         for row in found:
             other = ("sync", "sync_median_s") if args.async_stall else ("dcp", "dcp_median_s")
             print(f"{row['processes']:>3} processes  {row['state_mb']:7.0f} MB  {row['operation']}  "
-                  f"{'dcp' if row['operation'].startswith('dcp') else 'hasten'} {row['hasten_median_s']:.3f} s  {other[0]} {row[other[1]]:.3f} s  "
+                  f"{'dcp' if row['operation'].startswith('dcp') else 'hasten'} {row['hasten_median_s']:.3f} s  "
+                  f"{other[0]} {row[other[1]]:.3f} s  "
                   f"median pair ratio {row['median_pair_ratio']:.3f}x ({row['pairs']} pairs)"
                   + (f"; through a barrier {row['median_pair_ratio_barrier']:.3f}x"
                      if "median_pair_ratio_barrier" in row else "")

@@ -6,15 +6,16 @@ prepared optimizers' next step changes: those are copied once every process has 
 background thread, or by that step if it comes first (``_Staging``), so the training loop goes on at once without
 waiting for any other process, and the copies do not take the CPU from the processes still taking their snapshots.
 
-What runs afterwards, in one background thread per process (``PendingSave``, run by ``_Worker``), the same steps as
-a synchronous save, each agreed on by every process: that every snapshot was taken, staging the folder, writing this
-process's files into it (flushed to disk, checksummed), then the completion. The background threads never touch the default process
-group (the training loop's collectives run there, and two threads issuing collectives on one group would interleave
-in a different order on each process and hang): they agree on a dedicated gloo group created once, collectively, by
-the first asynchronous save (``completion_group``). Once every process's files are on disk the main process writes
-the completion marker, last, renames the staging folder into place and applies ``total_limit``. A process that dies
-before that leaves the staging folder, which is never loaded: the previous checkpoint stays the newest. A process
-whose snapshot fails raises at once; the others raise at their next save, load or ``wait_for_checkpoint``.
+What runs afterwards, in one background thread per process (``PendingSave``, run by ``_Worker``), the same steps as a
+synchronous save, each agreed on by every process: that every snapshot was taken, staging the folder, writing this
+process's files into it (flushed to disk, checksummed), then the completion. The background threads never touch the
+default process group (the training loop's collectives run there, and two threads issuing collectives on one group
+would interleave in a different order on each process and hang): they agree on a dedicated gloo group created once,
+collectively, by the first asynchronous save (``completion_group``). Once every process's files are on disk the main
+process writes the completion marker, last, renames the staging folder into place and applies ``total_limit``. A
+process that dies before that leaves the staging folder, which is never loaded: the previous checkpoint stays the
+newest. A process whose snapshot fails raises at once; the others raise at their next save, load or
+``wait_for_checkpoint``.
 
 With save hooks (user code that writes into the staging folder, collectively, on the calling thread) the folder is
 staged and the hooks run before ``save_state`` returns, agreed on over the default group as in a synchronous save.
@@ -41,7 +42,7 @@ from ..collectives.process_view import ProcessView
 from ..state import PartialState
 from .agreement import together
 from .errors import CheckpointError
-from .weights import _alias_key
+from .weights import PLAIN_TENSOR_TYPES, _alias_key
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -71,7 +72,6 @@ def release_snapshot_memory() -> None:
     _shards.clear()
 
 
-_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 _dtensor_class: Any = None  # torch's DTensor, imported once (a snapshot meets it once per tensor)
 
 
@@ -89,7 +89,7 @@ def _dtensor() -> Any:
 
 def _is_dtensor(value: torch.Tensor) -> bool:
     """Whether ``value`` is a DTensor (or another tensor with a device mesh); a plain tensor answers at once."""
-    if type(value) in _PLAIN_TENSORS:
+    if type(value) in PLAIN_TENSOR_TYPES:
         return False
     return isinstance(value, _dtensor()) or hasattr(value, "device_mesh")
 
@@ -149,17 +149,12 @@ def staged_copy(obj: Any, reuse: bool = False, later: frozenset = frozenset()) -
     left: list = []
 
     def copy_tensor(tensor: torch.Tensor) -> torch.Tensor:  # under no_grad: no autograd record, no detach
-        if type(tensor) in _PLAIN_TENSORS and not tensor.is_meta and tensor.numel():  # _alias_key's, made faster
-            address = _storage_address(tensor)
-            key = (tensor.device, address, tensor.storage_offset(), tensor.dtype, tuple(tensor.shape),
-                   tuple(tensor.stride()))
-        else:
-            address, key = None, _alias_key(tensor)
+        key = _alias_key(tensor)
         if key is not None and key in memo:
             return memo[key]
         result = _buffer(count[0], tensor, reuse)
         count[0] += 1
-        if later and (_storage_address(tensor) if address is None else address) in later:
+        if later and _storage_address(tensor) in later:
             left.append((result, tensor))
         else:
             result.copy_(tensor, non_blocking=tensor.device.type == "cuda")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from ..state import PartialState
 from . import layout
-from .agreement import from_main_process, gather_failures, gathered, together, together_reporting
+from .agreement import from_main_process, gather_failures, gathered, together
 from .atomic import (CONTENT_CHANGED, content_changed, process_markers, recover_interrupted_swap, start_content_check,
                      verify_complete)
 from .contributions import verify_contribution
@@ -97,9 +97,7 @@ def _resolve_load_folder(project_configuration: ProjectConfiguration,
         if all(given == everyone[0][0] for given, _ in everyone):
             return agreed, False
         # A process given a folder other than the main process's loads its own (it saved a whole copy there).
-        chosen, _ = together_reporting("finding the checkpoint folder",
-                                       lambda: agreed if agreed == folder else Path(pick()), report=lambda: None)
-        return chosen, True
+        return together("finding the checkpoint folder", lambda: agreed if agreed == folder else Path(pick())), True
     if project_configuration.automatic_checkpoint_naming:
         root = checkpoints_root(project_configuration)
         return agreed_folder(lambda: require_newest_complete_checkpoint(root)), False

@@ -35,12 +35,15 @@ def state_dict_for_checkpoint(strategy: CheckpointingStrategy, model: nn.Module)
     return dict(strategy.model_state_dict(model))
 
 
+PLAIN_TENSOR_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})  # no device mesh: answered without looking
+
+
 def _alias_key(tensor: torch.Tensor):
     """Equal for two names of one tensor (same memory, same view), different otherwise."""
-    if tensor.device.type == "meta" or tensor.numel() == 0:
+    if tensor.is_meta or tensor.numel() == 0:
         return None
-    if hasattr(tensor, "device_mesh"):  # a DTensor (a sharded backend's parameter): tied names share the object
-        return ("distributed", id(tensor))
+    if type(tensor) not in PLAIN_TENSOR_TYPES and hasattr(tensor, "device_mesh"):  # a DTensor (a sharded
+        return ("distributed", id(tensor))  # backend's parameter): tied names share the object
     return (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.dtype,
             tuple(tensor.shape), tuple(tensor.stride()))
 
